@@ -1,0 +1,3 @@
+from resctl.cli import main
+
+main()

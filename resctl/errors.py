@@ -1,0 +1,60 @@
+"""Typed errors raised by the library; only `resctl.cli` renders them and picks exit codes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class ResctlError(Exception):
+    """Base class: `str(err)` is the whole message a user sees."""
+
+    exit_code = EXIT_FAILURE
+
+
+@dataclass
+class Problem:
+    """One thing wrong with a profile: where, what, and how to fix it."""
+
+    source: str  # "profile.toml", "env RESCTL_LAUNCH_NNODES", "--set", "flag --nnodes"
+    key: str  # "heartbeat.timeout"
+    message: str
+    value: object = None
+    fix: str = ""
+
+    def render(self) -> str:
+        head = f"{self.source} -> {self.key}" if self.key else self.source
+        lines = [f"{head}: {self.message}"]
+        if self.value is not None:
+            lines.append(f"    value: {self.value!r}")
+        if self.fix:
+            lines.append(f"    fix:   {self.fix}")
+        return "\n".join(lines)
+
+
+@dataclass
+class ProfileError(ResctlError):
+    """Every problem found in the layered profile, reported together."""
+
+    problems: list[Problem] = field(default_factory=list)
+    exit_code = EXIT_USAGE
+
+    def __str__(self) -> str:
+        n = len(self.problems)
+        head = "invalid profile" if n == 1 else f"invalid profile ({n} problems)"
+        return head + ":\n" + "\n".join(p.render() for p in self.problems)
+
+
+class UsageError(ResctlError):
+    """A bad command line (missing script, conflicting flags)."""
+
+    exit_code = EXIT_USAGE
+
+
+class LaunchError(ResctlError):
+    """The launcher could not be planned or started."""
+
+    exit_code = EXIT_FAILURE

@@ -1,0 +1,210 @@
+"""The profile schema: every key, its type, default and documentation live here and only here.
+
+`resctl profile init`, `resctl profile show`, the README's profile reference and the
+`RESCTL_<SECTION>_<KEY>` environment names are all generated from these models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from resctl.profile.units import parse_duration
+
+
+def _optional_duration(value: object) -> Optional[float]:
+    if value is None or (isinstance(value, str) and value.strip().lower() in {"none", "off", ""}):
+        return None
+    return parse_duration(value)
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(json_schema_extra={"unit": "duration"})]
+OptionalDuration = Annotated[
+    Optional[float], BeforeValidator(_optional_duration), Field(json_schema_extra={"unit": "duration"})
+]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+class Launch(Section):
+    """How ft_launcher starts and restarts the workers (torchrun's flags)."""
+
+    nnodes: str = Field("1", description="Number of nodes, or a range MIN:MAX (torchrun --nnodes).")
+    nproc_per_node: str = Field("1", description="Workers per node: a number, or auto, gpu, cpu (torchrun --nproc-per-node).")
+    node_rank: Optional[int] = Field(None, ge=0, description="This node's rank; unset lets the rendezvous assign it.")
+    max_restarts: int = Field(3, ge=0, description="In-job restarts of the worker group before the job fails.")
+    rdzv_backend: Literal["c10d"] = Field("c10d", description="Rendezvous backend (ft_launcher supports c10d only).")
+    rdzv_endpoint: str = Field(
+        "auto",
+        description="HOST:PORT of the rendezvous, or auto: Kubernetes Indexed Job, PyTorchJob, Slurm, else standalone.",
+    )
+    rdzv_port: int = Field(29500, ge=1, le=65535, description="Rendezvous port used when the host is detected.")
+    rdzv_id: str = Field("auto", description="Job id shared by all nodes; auto derives it from the scheduler or a fresh id.")
+    rdzv_conf: dict[str, str] = Field(default_factory=dict, description="Extra rendezvous settings (key = value).")
+    standalone: bool = Field(False, description="Single-node rendezvous on a free local port (torchrun --standalone).")
+    k8s_service: str = Field(
+        "", description="Headless Service of the Indexed Job; rank 0 is <job>-0.<service>.<namespace>.svc.cluster.local."
+    )
+    k8s_namespace: str = Field("", description="Namespace of that Service; empty reads the pod's own namespace.")
+    master_addr: str = Field("", description="torchrun --master-addr (static rendezvous); empty leaves it to the launcher.")
+    master_port: Optional[int] = Field(None, ge=1, le=65535, description="torchrun --master-port (static rendezvous).")
+    local_addr: str = Field("", description="Address other nodes reach this node on; empty uses the FQDN.")
+    monitor_interval: Duration = Field(5.0, gt=0, description="How often the launcher polls its workers.")
+    term_timeout: Duration = Field(60.0, gt=0, description="Grace between SIGTERM and SIGKILL when the launcher is told to stop.")
+    workers_stop_timeout: Duration = Field(15.0, gt=0, description="Grace between SIGTERM and SIGKILL when workers are restarted.")
+    restart_policy: Literal["auto", "any-failed", "min-healthy"] = Field(
+        "auto", description="auto picks min-healthy on NVRx 0.4 when in-process restart is on, else any-failed."
+    )
+    start_method: Literal["spawn", "fork", "forkserver"] = Field("spawn", description="How the launcher starts workers.")
+    log_dir: str = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
+    redirects: str = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")
+    tee: str = Field("0", description="torchrun -t: tee worker stdout/stderr into log_dir and the console.")
+    run_dir: str = Field(
+        "resctl-runs/{run_id}", description="Where events, the resolved profile and summaries go; {run_id} is expanded."
+    )
+    use_shim: bool = Field(True, description="Start workers through resctl.shim (heartbeats, checkpoints, restarts).")
+    nvrx_version: str = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
+
+
+class Heartbeat(Section):
+    """Hang detection by the NVRx rank monitors (ft_launcher --ft-* settings)."""
+
+    initial_timeout: OptionalDuration = Field(1200.0, description="Time allowed for a rank's first heartbeat (startup, first step).")
+    timeout: OptionalDuration = Field(900.0, description="Time allowed between heartbeats before a rank counts as hung.")
+    check_interval: Duration = Field(5.0, gt=0, description="How often the rank monitors check heartbeats.")
+    sections: dict[str, Duration] = Field(
+        default_factory=dict, description="Timeouts of named sections (e.g. checkpoint = \"30m\")."
+    )
+    out_of_section_timeout: OptionalDuration = Field(None, description="Timeout outside any section; none disables it.")
+    safety_factor: float = Field(5.0, gt=0, description="Multiplier NVRx applies to observed intervals when it computes timeouts.")
+    termination_signal: Literal["SIGKILL", "SIGTERM", "SIGINT", "SIGABRT"] = Field(
+        "SIGKILL", description="Signal sent to a rank found hung."
+    )
+    node_health_check_interval: Duration = Field(5.0, gt=0, description="How often the node health check runs.")
+    nic_monitor: bool = Field(False, description="NVRx NIC link monitoring (needs a PCI topology; off on CPU).")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the NVRx monitors.")
+
+
+class InProcess(Section):
+    """NVRx in-process restart: ranks re-enter the script in the same interpreter after a fault."""
+
+    enabled: bool = Field(False, description="Wrap the script in NVRx inprocess.Wrapper.")
+    soft_timeout: Duration = Field(60.0, gt=0, description="No progress for this long raises a hang in the rank.")
+    hard_timeout: Duration = Field(90.0, gt=0, description="No progress for this long terminates the rank.")
+    barrier_timeout: Duration = Field(120.0, gt=0, description="Time allowed for all ranks to meet between restarts.")
+    completion_timeout: Duration = Field(120.0, gt=0, description="Time allowed for all ranks to finish together.")
+    heartbeat_timeout: Duration = Field(30.0, gt=0, description="A rank missing its wrapper heartbeats this long is dead.")
+    monitor_interval: Duration = Field(1.0, gt=0, description="Wrapper monitor thread/process poll interval.")
+    progress_interval: Duration = Field(1.0, gt=0, description="How often the progress watchdog samples.")
+    last_call_wait: Duration = Field(1.0, ge=0, description="Time to collect concurrent faults before restarting.")
+    termination_grace_time: Duration = Field(5.0, ge=0, description="Grace between SIGTERM and SIGKILL of a hung rank.")
+    max_iterations: Optional[int] = Field(None, ge=1, description="In-process restarts before handing over to the launcher.")
+    max_rank_faults: Optional[int] = Field(None, ge=1, description="Faults one rank may have before it is excluded.")
+    min_world_size: int = Field(1, ge=1, description="Fewest ranks that may continue.")
+    health_check: bool = Field(True, description="Run NVRx's CUDA health check between iterations (skipped without CUDA).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "InProcess":
+        if not self.soft_timeout < self.hard_timeout < self.barrier_timeout:
+            raise ValueError(
+                "soft_timeout < hard_timeout < barrier_timeout must hold "
+                f"(got {self.soft_timeout:g}s, {self.hard_timeout:g}s, {self.barrier_timeout:g}s)"
+            )
+        if self.monitor_interval >= self.soft_timeout:
+            raise ValueError("monitor_interval must be shorter than soft_timeout")
+        return self
+
+
+class Checkpoint(Section):
+    """resctl.checkpoint: async, atomic, verified checkpoints."""
+
+    dir: str = Field("checkpoints", description="Checkpoint directory (shared storage, e.g. FSx for Lustre, on a cluster).")
+    interval_steps: int = Field(100, ge=1, description="maybe_save() saves every this many optimizer steps.")
+    async_: bool = Field(True, alias="async", description="Return once the state is staged; write in the background.")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are pruned after a newer one lands.")
+    writers: int = Field(4, ge=1, le=64, description="Parallel writer threads per rank.")
+    intercept_torch_save: str = Field(
+        "", description="Glob of paths whose torch.save becomes an async atomic save (zero-edit checkpointing)."
+    )
+    save_on_sigterm: bool = Field(True, description="On SIGTERM, write a final checkpoint within the grace period.")
+    sigterm_grace: Duration = Field(30.0, gt=0, description="Time the SIGTERM save may take.")
+
+
+class Doctor(Section):
+    """What `resctl doctor` expects of a node."""
+
+    instance_type: str = Field("", description="Known instance type for defaults (e.g. p5.48xlarge); empty: none.")
+    gpus: Optional[int] = Field(None, ge=0, description="Expected GPUs on the node.")
+    nvlinks_per_gpu: Optional[int] = Field(None, ge=0, description="Expected active NVLinks per GPU.")
+    efa_devices: Optional[int] = Field(None, ge=0, description="Expected EFA/InfiniBand devices.")
+    min_storage_gbps: Optional[float] = Field(None, ge=0, description="Minimum checkpoint-dir write throughput in GB/s.")
+    checkpoint_size_gb: Optional[float] = Field(None, ge=0, description="Expected checkpoint size per node in GB.")
+    min_shm_gb: float = Field(1.0, ge=0, description="Minimum /dev/shm size in GB.")
+
+
+class Fault(Section):
+    """One scheduled fault: fires once per run, at `step` on `rank`."""
+
+    kind: Literal["exception", "sigkill", "hang", "checkpoint_exception"]
+    step: int = Field(ge=1)
+    rank: int = Field(0, ge=0)
+
+
+class Faults(Section):
+    """Fault drills: a deterministic schedule (off unless listed)."""
+
+    schedule: list[Fault] = Field(
+        default_factory=list, description="Faults to inject, e.g. [{kind = \"sigkill\", step = 30, rank = 1}]."
+    )
+
+
+class Profile(Section):
+    """A resolved resctl profile."""
+
+    launch: Launch = Field(default_factory=Launch)
+    heartbeat: Heartbeat = Field(default_factory=Heartbeat)
+    inprocess: InProcess = Field(default_factory=InProcess)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    doctor: Doctor = Field(default_factory=Doctor)
+    faults: Faults = Field(default_factory=Faults)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Profile":
+        hb = self.heartbeat
+        for name in ("timeout", "initial_timeout"):
+            value = getattr(hb, name)
+            if value is not None and value <= hb.check_interval:
+                raise ValueError(
+                    f"heartbeat.{name} ({value:g}s) must be longer than heartbeat.check_interval "
+                    f"({hb.check_interval:g}s), or the monitors cannot tell a hang from a slow check"
+                )
+        return self
+
+
+SECTIONS: dict[str, type[Section]] = {
+    name: info.annotation  # type: ignore[misc]
+    for name, info in Profile.model_fields.items()
+}
+
+
+def key_name(section: str, field: str) -> str:
+    """The key as written in TOML (aliases such as checkpoint.async included)."""
+    info = SECTIONS[section].model_fields[field]
+    return info.alias or field
+
+
+def keys() -> dict[str, tuple[str, str]]:
+    """'section.key' (TOML spelling) -> (section, python field name), for every key."""
+    out: dict[str, tuple[str, str]] = {}
+    for section, model in SECTIONS.items():
+        for field in model.model_fields:
+            out[f"{section}.{key_name(section, field)}"] = (section, field)
+    return out
+
+
+def env_name(dotted: str) -> str:
+    """'launch.nproc_per_node' -> 'RESCTL_LAUNCH_NPROC_PER_NODE'."""
+    return "RESCTL_" + dotted.replace(".", "_").upper()
