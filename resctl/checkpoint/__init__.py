@@ -1,0 +1,123 @@
+"""resctl.checkpoint — async, atomic, verified checkpoints for a training loop.
+
+Use it from a training script (the resctl shim configures it from the profile's
+`[checkpoint]` section; without the shim the first call configures defaults)::
+
+    import resctl.checkpoint as ckpt
+
+    state = {"model": model, "optim": optimizer, "data": {"epoch": 0}}
+    start = ckpt.load(state)                  # newest valid checkpoint restored in place; 0 if none
+    for step in range(start + 1, total + 1):
+        train_one_step()
+        ckpt.maybe_save(state, step)          # every `interval_steps`; returns once staged
+    ckpt.wait()                               # make the last write durable
+
+Functions (all act on the module's default `Checkpointer`):
+
+- `configure(*, dir, interval_steps=100, async_=True, keep_last=2, writers=4, rank=None,
+  world_size=None, events=None, heartbeat=None) -> Checkpointer`
+- `load(state) -> int`, `save(state, step)`, `maybe_save(state, step) -> bool`,
+  `save_final() -> int | None`, `wait()`, `get() -> Checkpointer`.
+
+Values in `state` with `state_dict()`/`load_state_dict()` go through them; other values are
+saved as they are and replaced on load. Only tensors, containers and plain values may be in
+the state: loading is always `weights_only=True`. A checkpoint becomes visible only when
+complete, and `load` skips (and reports) incomplete or corrupt ones. See docs/checkpoint.md.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, MutableMapping
+
+from resctl.checkpoint.engine import CheckpointError, Checkpointer
+from resctl.telemetry.events import EventLog
+
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "configure",
+    "get",
+    "load",
+    "maybe_save",
+    "save",
+    "save_final",
+    "wait",
+]
+
+_default: Checkpointer | None = None
+_lock = threading.Lock()
+
+
+def configure(
+    *,
+    dir: str | os.PathLike[str],
+    interval_steps: int = 100,
+    async_: bool = True,
+    keep_last: int = 2,
+    writers: int = 4,
+    rank: int | None = None,
+    world_size: int | None = None,
+    events: EventLog | None = None,
+    heartbeat: Callable[[], None] | None = None,
+) -> Checkpointer:
+    """Set (and return) the default Checkpointer; a previous one finishes its writes first."""
+
+    new = Checkpointer(
+        dir=dir,
+        interval_steps=interval_steps,
+        async_=async_,
+        keep_last=keep_last,
+        writers=writers,
+        rank=rank,
+        world_size=world_size,
+        events=events,
+        heartbeat=heartbeat,
+    )
+    return set_default(new)
+
+
+def set_default(checkpointer: Checkpointer) -> Checkpointer:
+    """Install an existing Checkpointer (e.g. `Checkpointer.from_section(...)`) as the default."""
+    global _default
+    with _lock:
+        old, _default = _default, checkpointer
+    if old is not None and old is not checkpointer:
+        old.close()
+    return checkpointer
+
+
+def get() -> Checkpointer:
+    """The default Checkpointer, configured with defaults (`dir="checkpoints"`) on first use."""
+    global _default
+    with _lock:
+        if _default is None:
+            _default = Checkpointer(dir="checkpoints")
+        return _default
+
+
+def load(state: MutableMapping[str, Any]) -> int:
+    """Restore the newest valid checkpoint into `state` in place; return its step (0: none)."""
+    return get().load(state)
+
+
+def save(state: MutableMapping[str, Any], step: int) -> None:
+    """Save `state` as `step` now (returns once staged when async)."""
+    get().save(state, step)
+
+
+def maybe_save(state: MutableMapping[str, Any], step: int) -> bool:
+    """Save when `step % interval_steps == 0`; return whether it saved."""
+    return get().maybe_save(state, step)
+
+
+def save_final() -> int | None:
+    """Finish the write in flight and save the last `maybe_save` state if its step is not saved."""
+    return get().save_final()
+
+
+def wait() -> None:
+    """Block until every write is durable; raise CheckpointError if one failed."""
+    if _default is not None:
+        _default.wait()

@@ -1,0 +1,486 @@
+"""The checkpoint engine: staging, parallel verified writes, atomic publish, pruning, loading.
+
+One `Checkpointer` per process. A save runs in three phases:
+
+1. **stage** (in the caller's thread): every tensor of the state is copied into one reusable
+   byte *arena* (pinned host memory when any tensor is on CUDA) at the offsets of the stream
+   (see `resctl.checkpoint.format`). After this the training loop may change its tensors.
+2. **write** (background, when async): the arena is cut into `writers` equal byte ranges; a pool
+   of threads writes one file each with os.write, computing CRC32 as it goes, and fsyncs it.
+   Threads, not a process: os.write and zlib.crc32 release the GIL, so N threads keep N writes in
+   flight, and nothing re-imports the user's `__main__` (NVRx's spawned writer would).
+3. **publish**: meta.pt and manifest.json are written and fsynced, the temp directory is renamed
+   to `step-<N>` and the parent directory fsynced; only then are older checkpoints pruned.
+
+Why not NVRx's `TorchAsyncCheckpoint`: it fails on CPU-only torch (torch.cuda.synchronize), it
+writes with a single `torch.save` (~30 % of a disk's multi-writer bandwidth on the H200), and
+its spawned persistent process re-imports `__main__` and keeps staging memory alive. Our arena
+plus thread pool keeps the same contract (stage, return, write in the background) on CPU and GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import threading
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, MutableMapping
+
+import torch
+
+from resctl.checkpoint import format as fmt
+from resctl.checkpoint import state as st
+from resctl.errors import ResctlError
+from resctl.telemetry.events import NULL_LOG, EventLog
+
+if TYPE_CHECKING:
+    from resctl.profile.schema import Checkpoint as CheckpointSection
+
+log = logging.getLogger("resctl.checkpoint")
+
+HEARTBEAT_EVERY = 1.0  # seconds between heartbeats sent from writer threads
+
+
+class CheckpointError(ResctlError):
+    """A checkpoint could not be saved (the message says what failed and what to do)."""
+
+
+def _dist_ready() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+class Checkpointer:
+    """Async, atomic, verified checkpoints of a `state` dict into `dir`.
+
+    Args:
+        dir: checkpoint directory (shared storage when several nodes load from it).
+        interval_steps: `maybe_save` saves when `step % interval_steps == 0`.
+        async_: return from `save` once the state is staged and write in the background.
+        keep_last: complete checkpoints to keep; older ones are pruned after a newer one lands.
+        writers: parallel writer threads (one data file each).
+        rank, world_size: default to torch.distributed when initialised, else env RANK /
+            WORLD_SIZE, else 0 / 1 (looked up at every call: in-process restarts may renumber).
+        events: an `EventLog` for `ckpt_stall`, `ckpt_persist` and `ckpt_skip`.
+        heartbeat: a zero-argument callable called before and after each save and, at most once
+            a second, from the writer threads while a write runs (it must be thread-safe).
+    """
+
+    def __init__(
+        self,
+        *,
+        dir: str | os.PathLike[str] = "checkpoints",
+        interval_steps: int = 100,
+        async_: bool = True,
+        keep_last: int = 2,
+        writers: int = 4,
+        rank: int | None = None,
+        world_size: int | None = None,
+        events: EventLog | None = None,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> None:
+        if interval_steps < 1 or keep_last < 1 or writers < 1:
+            raise ValueError("interval_steps, keep_last and writers must be >= 1")
+        self.dir = Path(dir)
+        self.interval_steps = interval_steps
+        self.async_ = async_
+        self.keep_last = keep_last
+        self.writers = writers
+        self._rank = rank
+        self._world_size = world_size
+        self.events = events if events is not None else NULL_LOG
+        self.heartbeat = heartbeat
+        self._bg = ThreadPoolExecutor(1, thread_name_prefix="resctl-ckpt")
+        self._pool = ThreadPoolExecutor(writers, thread_name_prefix="resctl-ckpt-writer")
+        self._inflight: Future[None] | None = None
+        self._inflight_step: int | None = None
+        self._inflight_path: Path | None = None
+        self._arena: torch.Tensor | None = None
+        self._cleaned = False
+        self._beat_lock = threading.Lock()
+        self._last_beat = 0.0
+        self._latest: tuple[MutableMapping[str, Any], int] | None = None
+        self.last_saved_step: int | None = None
+
+    @classmethod
+    def from_section(cls, section: "CheckpointSection", **kw: Any) -> "Checkpointer":
+        """A Checkpointer from a profile's `[checkpoint]` section; `kw` adds rank, events, heartbeat."""
+        args: dict[str, Any] = dict(
+            dir=section.dir,
+            interval_steps=section.interval_steps,
+            async_=section.async_,
+            keep_last=section.keep_last,
+            writers=section.writers,
+        )
+        args.update(kw)
+        return cls(**args)
+
+    # --- identity ------------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        if self._rank is not None:
+            return self._rank
+        if _dist_ready():
+            return torch.distributed.get_rank()
+        return int(os.environ.get("RANK", "0"))
+
+    @property
+    def world_size(self) -> int:
+        if self._world_size is not None:
+            return self._world_size
+        if _dist_ready():
+            return torch.distributed.get_world_size()
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    # --- heartbeats ----------------------------------------------------------------------------
+
+    def _beat(self, force: bool = False) -> None:
+        if self.heartbeat is None:
+            return
+        now = time.monotonic()
+        with self._beat_lock:
+            if not force and now - self._last_beat < HEARTBEAT_EVERY:
+                return
+            self._last_beat = now
+            try:
+                self.heartbeat()
+            except Exception:  # noqa: BLE001 - a failing heartbeat must not fail the checkpoint
+                log.debug("checkpoint heartbeat failed", exc_info=True)
+
+    # --- saving --------------------------------------------------------------------------------
+
+    def save(self, state: MutableMapping[str, Any], step: int) -> None:
+        """Save `state` as checkpoint `step`.
+
+        Waits for the previous save first (the wait is reported as `waited` in `ckpt_stall`),
+        and raises `CheckpointError` if that save failed. With async on, returns once the state is
+        staged; otherwise once it is durable.
+        """
+        t0 = time.monotonic()
+        self._beat(force=True)
+        waited = self._wait_previous()
+        entries, stateful = st.snapshot_entries(state)
+        if any(st.is_sharded(t) for t in st.find_tensors(entries)):
+            from resctl.checkpoint import sharded
+
+            self._cleanup_once()
+            sharded.save(self, entries, stateful, step)
+        elif self.rank == 0:
+            self._cleanup_once()
+            self._save_plain(entries, stateful, step)
+        # Other ranks of replicated state write nothing: rank 0's copy is everyone's.
+        self.last_saved_step = step
+        blocked = time.monotonic() - t0
+        self.events.emit("ckpt_stall", step=step, seconds=round(blocked, 6), waited=round(waited, 6))
+        self._beat(force=True)
+
+    def maybe_save(self, state: MutableMapping[str, Any], step: int) -> bool:
+        """Save when `step % interval_steps == 0`; always remember (state, step) for `save_final`."""
+        self._latest = (state, step)
+        if step % self.interval_steps == 0:
+            self.save(state, step)
+            return True
+        return False
+
+    def save_final(self) -> int | None:
+        """Finish the in-flight write, then save the state last given to `maybe_save` synchronously
+        unless its step is already saved; return the step now durable (None if nothing known).
+
+        Call it at a step boundary (e.g. the shim's SIGTERM handler sets a flag and the step loop
+        calls this), not from a signal handler that may have interrupted optimizer.step().
+        """
+        try:
+            self.wait()
+        except CheckpointError as err:
+            log.warning("%s", err)
+        if self._latest is None:
+            return self.last_saved_step
+        state, step = self._latest
+        if step != self.last_saved_step:
+            saved_async, self.async_ = self.async_, False
+            try:
+                self.save(state, step)
+            finally:
+                self.async_ = saved_async
+        return step
+
+    def wait(self) -> None:
+        """Block until the in-flight write is durable; raise `CheckpointError` if it failed."""
+        self._wait_previous()
+
+    def pending_path(self) -> Path | None:
+        """The final path of the write in flight, if any (used by the torch.load interceptor)."""
+        fut = self._inflight
+        return self._inflight_path if fut is not None and not fut.done() else None
+
+    def close(self) -> None:
+        """Finish writes and stop the threads."""
+        try:
+            self.wait()
+        finally:
+            self._bg.shutdown(wait=True)
+            self._pool.shutdown(wait=True)
+
+    def _wait_previous(self) -> float:
+        fut, step = self._inflight, self._inflight_step
+        if fut is None:
+            return 0.0
+        t0 = time.monotonic()
+        try:
+            fut.result()
+        except BaseException as err:
+            raise CheckpointError(
+                f"checkpoint step {step} failed while writing ({type(err).__name__}: {err}); it was not "
+                f"made visible, the previous complete checkpoint in {self.dir} is still the one that loads. "
+                "Check free space and permissions of the checkpoint dir; the next save will try again."
+            ) from err
+        finally:
+            self._inflight = None
+            self._inflight_step = None
+            self._inflight_path = None
+        return time.monotonic() - t0
+
+    def submit(self, job: Callable[[], None], step: int | None, path: Path | None) -> None:
+        """Run `job` (a write) in the background when async, else now; its error surfaces on the
+        next save()/wait()."""
+        if self.async_:
+            self._inflight = self._bg.submit(job)
+            self._inflight_step, self._inflight_path = step, path
+        else:
+            try:
+                job()
+            except BaseException as err:
+                raise CheckpointError(
+                    f"checkpoint step {step} failed while writing ({type(err).__name__}: {err}); it was "
+                    "not made visible."
+                ) from err
+
+    def _cleanup_once(self) -> None:
+        """Remove temp and trash directories left by a killed writer (once, before our first save:
+        no writer of ours is active then)."""
+        if self._cleaned:
+            return
+        self._cleaned = True
+        try:
+            entries = list(os.scandir(self.dir))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.name.startswith((".tmp-step-", ".trash-")) and entry.is_dir():
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+    def _stage(self, tensors: list[torch.Tensor], total: int) -> torch.Tensor:
+        """Copy `tensors` into the arena at their stream offsets; return the arena's first `total` bytes."""
+        on_cuda = any(t.device.type == "cuda" for t in tensors)
+        arena = self._arena
+        if arena is None or arena.numel() < total or (on_cuda and not arena.is_pinned()):
+            # Reused between saves: allocating (and, on CUDA, pinning) GBs each time costs more than the copy.
+            self._arena = None
+            arena = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=on_cuda)
+            self._arena = arena
+        specs, _ = fmt.plan_stream(tensors)
+        for t, spec in zip(tensors, specs):
+            if spec.nbytes == 0:
+                continue
+            dst = arena.narrow(0, spec.offset, spec.nbytes).view(t.dtype).view(t.shape)
+            dst.copy_(t.detach(), non_blocking=on_cuda)
+        # Padding stays whatever it was; zero it so a file's bytes (and CRC) depend only on the state.
+        pos = 0
+        for spec in specs:
+            if spec.offset > pos:
+                arena.narrow(0, pos, spec.offset - pos).zero_()
+            pos = spec.offset + spec.nbytes
+        if total > pos:
+            arena.narrow(0, pos, total - pos).zero_()
+        if on_cuda:
+            # Conservative: the caller may update its tensors from another stream right after save().
+            torch.cuda.synchronize()
+        return arena.narrow(0, 0, total)
+
+    def _save_plain(self, entries: dict[str, Any], stateful: list[str], step: int) -> None:
+        tensors: list[torch.Tensor] = []
+        structure = st.flatten(entries, tensors, {})
+        meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
+        specs, total = fmt.plan_stream(tensors)
+        staged = self._stage(tensors, total)
+        staged_at = time.monotonic()
+        final = self.dir / fmt.step_dir_name(step)
+
+        def job() -> None:
+            self._persist_plain(staged, specs, total, meta, step, staged_at)
+
+        self.submit(job, step, final)
+
+    def _tick(self) -> None:
+        self._beat()
+
+    def _persist_plain(
+        self, staged: torch.Tensor, specs: list[fmt.TensorSpec], total: int, meta: bytes, step: int, staged_at: float
+    ) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        name = fmt.step_dir_name(step)
+        tmp = self.dir / f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            view = fmt.byte_view(staged)
+            ranges = fmt.split_ranges(total, self.writers)
+            futures = [
+                self._pool.submit(write_data_file, tmp / f"data-{i}.bin", view[lo:hi], self._tick)
+                for i, (lo, hi) in enumerate(ranges)
+            ]
+            meta_size, meta_crc = fmt.write_file(tmp / fmt.META, [memoryview(meta)])
+            files: dict[str, dict[str, Any]] = {fmt.META: {"bytes": meta_size, "crc32": meta_crc}}
+            for i, ((lo, hi), fut) in enumerate(zip(ranges, futures)):
+                size, crc = fut.result()
+                files[f"data-{i}.bin"] = {"bytes": size, "crc32": crc, "range": [lo, hi]}
+            body = {
+                "format": fmt.FORMAT,
+                "version": fmt.VERSION,
+                "kind": "plain",
+                "step": step,
+                "created": time.time(),
+                "world_size": self.world_size,
+                "stream_bytes": total,
+                "files": files,
+                "tensors": [s.to_json() for s in specs],
+            }
+            fmt.write_manifest(tmp / fmt.MANIFEST, body)
+            fmt.fsync_dir(tmp)
+            self.publish(tmp, step)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.events.emit(
+            "ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=total + len(meta)
+        )
+        self.prune()
+
+    def publish(self, tmp: Path, step: int) -> Path:
+        """Make a complete temp directory visible as `step-<N>` (atomically) and make that durable."""
+        final = self.dir / fmt.step_dir_name(step)
+        trash: Path | None = None
+        if final.exists():
+            # Same step saved again (e.g. after a restart): the old one goes to trash first;
+            # rename() cannot replace a non-empty directory.
+            trash = self.dir / f".trash-{final.name}-{secrets.token_hex(4)}"
+            os.rename(final, trash)
+        os.rename(tmp, final)
+        fmt.fsync_dir(self.dir)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+        return final
+
+    def prune(self) -> None:
+        """Keep the newest `keep_last` complete checkpoints; remove older ones (complete or not)."""
+        complete = [(s, p) for s, p in fmt.list_step_dirs(self.dir) if (p / fmt.MANIFEST).exists()]
+        if len(complete) <= self.keep_last:
+            return
+        oldest_kept = complete[self.keep_last - 1][0]
+        for s, p in fmt.list_step_dirs(self.dir):
+            if s < oldest_kept:
+                # Rename first so a half-deleted directory is never visible as a checkpoint.
+                trash = self.dir / f".trash-{p.name}-{secrets.token_hex(4)}"
+                try:
+                    os.rename(p, trash)
+                except OSError:
+                    continue
+                shutil.rmtree(trash, ignore_errors=True)
+
+    # --- loading -------------------------------------------------------------------------------
+
+    def load(self, state: MutableMapping[str, Any]) -> int:
+        """Restore the newest valid checkpoint into `state` in place; return its step (0: none).
+
+        Each candidate is verified completely (manifest checksum, sizes, CRC32 of every file,
+        weights_only loading) before anything in `state` changes; a bad one is skipped with a
+        warning and a `ckpt_skip` event. With torch.distributed initialised, every rank verifies
+        and all take the newest step that every rank could read.
+        """
+        try:
+            self.wait()
+        except CheckpointError as err:
+            log.warning("%s", err)
+        candidates = fmt.list_step_dirs(self.dir)
+        distributed = _dist_ready() and torch.distributed.get_world_size() > 1
+        if distributed:
+            # Everyone walks rank 0's list, so all ranks test the same steps in the same order.
+            box: list[Any] = [[(s, str(p)) for s, p in candidates]]
+            torch.distributed.broadcast_object_list(box, src=0)
+            candidates = [(s, Path(p)) for s, p in box[0]]
+        for step, path in candidates:
+            loaded: Any = None
+            reason = ""
+            try:
+                loaded = self._read(path, state)
+            except Exception as err:  # noqa: BLE001 - any failure means "do not take this one"
+                reason = str(err) if isinstance(err, fmt.CorruptCheckpoint) else f"{type(err).__name__}: {err}"
+            if distributed:
+                oks: list[Any] = [None] * torch.distributed.get_world_size()
+                torch.distributed.all_gather_object(oks, reason)
+                bad = [(r, why) for r, why in enumerate(oks) if why]
+                if bad and not reason:
+                    reason = f"rank {bad[0][0]} could not read it: {bad[0][1]}"
+            if reason:
+                log.warning("skipping checkpoint %s: %s", path, reason)
+                self.events.emit("ckpt_skip", step=step, reason=reason)
+                continue
+            kind, payload = loaded
+            if kind == "dcp":
+                from resctl.checkpoint import sharded
+
+                sharded.load_into(self, path, payload, state)
+            else:
+                entries, stateful = payload
+                st.restore(state, entries, stateful)
+            self.last_saved_step = step
+            return step
+        return 0
+
+    def _read(self, path: Path, state: MutableMapping[str, Any]) -> tuple[str, Any]:
+        """Verify and read a checkpoint directory; nothing in `state` changes here."""
+        body = fmt.read_manifest(path / fmt.MANIFEST)
+        files: dict[str, dict[str, Any]] = body["files"]
+        for name, info in files.items():
+            try:
+                size = (path / name).stat().st_size
+            except FileNotFoundError:
+                raise fmt.CorruptCheckpoint(f"missing file {name}") from None
+            if size != info["bytes"]:
+                raise fmt.CorruptCheckpoint(f"{name}: {size} bytes, manifest says {info['bytes']}")
+        meta_bytes = (path / fmt.META).read_bytes()
+        if zlib.crc32(meta_bytes) != files[fmt.META]["crc32"]:
+            raise fmt.CorruptCheckpoint(f"{fmt.META}: checksum mismatch")
+        try:
+            meta = st.decode_meta(meta_bytes)
+        except Exception as err:  # noqa: BLE001
+            raise fmt.CorruptCheckpoint(f"{fmt.META} refused by weights_only loading: {err}") from None
+        if body["kind"] == "dcp":
+            return "dcp", (body, meta)
+        specs = [fmt.TensorSpec.from_json(raw) for raw in body["tensors"]]
+        tensors = [torch.empty(s.shape, dtype=fmt.dtype_from_name(s.dtype)) for s in specs]
+        for s, t in zip(specs, tensors):
+            if t.numel() * t.element_size() != s.nbytes:
+                raise fmt.CorruptCheckpoint("tensor layout does not match its dtype and shape")
+        views = [fmt.byte_view(t) for t in tensors]
+        data = {n: i for n, i in files.items() if n != fmt.META}
+        futures = {
+            name: self._pool.submit(
+                fmt.read_range_into, path / name, info["range"][0], info["range"][1], specs, views, self._tick
+            )
+            for name, info in data.items()
+        }
+        for name, fut in futures.items():
+            if fut.result() != data[name]["crc32"]:
+                raise fmt.CorruptCheckpoint(f"{name}: checksum mismatch")
+        entries = st.unflatten(meta["entries"], tensors)
+        return "plain", (entries, list(meta["stateful"]))
+
+
+def write_data_file(path: Path, data: memoryview, tick: Callable[[], None] | None) -> tuple[int, int]:
+    """Write one data file (a module-level function so tests can inject a writer failure)."""
+    return fmt.write_file(path, [data], tick)
