@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
 
 from resctl.profile.units import parse_duration
 
@@ -19,6 +20,12 @@ def _optional_duration(value: object) -> Optional[float]:
     return parse_duration(value)
 
 
+def _int_to_str(value: object) -> object:
+    # TOML users write `nnodes = 2` as often as `nnodes = "2:4"`.
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+IntOrStr = Annotated[str, BeforeValidator(_int_to_str)]
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(json_schema_extra={"unit": "duration"})]
 OptionalDuration = Annotated[
     Optional[float], BeforeValidator(_optional_duration), Field(json_schema_extra={"unit": "duration"})
@@ -32,8 +39,8 @@ class Section(BaseModel):
 class Launch(Section):
     """How ft_launcher starts and restarts the workers (torchrun's flags)."""
 
-    nnodes: str = Field("1", description="Number of nodes, or a range MIN:MAX (torchrun --nnodes).")
-    nproc_per_node: str = Field("1", description="Workers per node: a number, or auto, gpu, cpu (torchrun --nproc-per-node).")
+    nnodes: IntOrStr = Field("1", description="Number of nodes, or a range MIN:MAX (torchrun --nnodes).")
+    nproc_per_node: IntOrStr = Field("1", description="Workers per node: a number, or auto, gpu, cpu (torchrun --nproc-per-node).")
     node_rank: Optional[int] = Field(None, ge=0, description="This node's rank; unset lets the rendezvous assign it.")
     max_restarts: int = Field(3, ge=0, description="In-job restarts of the worker group before the job fails.")
     rdzv_backend: Literal["c10d"] = Field("c10d", description="Rendezvous backend (ft_launcher supports c10d only).")
@@ -60,10 +67,13 @@ class Launch(Section):
     )
     start_method: Literal["spawn", "fork", "forkserver"] = Field("spawn", description="How the launcher starts workers.")
     log_dir: str = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
-    redirects: str = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")
-    tee: str = Field("0", description="torchrun -t: tee worker stdout/stderr into log_dir and the console.")
+    redirects: IntOrStr = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")
+    tee: IntOrStr = Field("0", description="torchrun -t: tee worker stdout/stderr into log_dir and the console.")
     run_dir: str = Field(
         "resctl-runs/{run_id}", description="Where events, the resolved profile and summaries go; {run_id} is expanded."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment for the launcher and every worker (e.g. FI_PROVIDER = \"efa\")."
     )
     use_shim: bool = Field(True, description="Start workers through resctl.shim (heartbeats, checkpoints, restarts).")
     nvrx_version: str = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
@@ -188,6 +198,11 @@ SECTIONS: dict[str, type[Section]] = {
     name: info.annotation  # type: ignore[misc]
     for name, info in Profile.model_fields.items()
 }
+
+
+def is_duration(info: FieldInfo) -> bool:
+    extra = info.json_schema_extra
+    return isinstance(extra, dict) and extra.get("unit") == "duration"
 
 
 def key_name(section: str, field: str) -> str:

@@ -1,0 +1,62 @@
+"""resctl's command line. The only place that prints and picks exit codes.
+
+Library code raises typed errors (`resctl.errors`); `main()` renders them: a message, exit
+code 2 for usage/profile errors, 1 for failures, and a traceback only with RESCTL_DEBUG=1.
+Heavy modules (torch, NVRx) are imported inside the commands that need them, so
+`resctl --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from resctl import __version__
+from resctl.cli import profile_cmd, run_cmd
+
+app = typer.Typer(
+    name="resctl",
+    help="Fault-tolerant PyTorch launcher: torchrun's flags, NVRx ft_launcher underneath, a TOML profile on top.",
+    epilog="Example: resctl run --nproc-per-node 8 -p prod.toml train.py --lr 3e-4",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"resctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """resctl: keep the GPUs training when a rank fails."""
+
+
+app.command(
+    "run",
+    context_settings={"allow_interspersed_args": False},
+    epilog=run_cmd.EPILOG,
+)(run_cmd.run)
+app.add_typer(profile_cmd.app, name="profile")
+
+
+def main() -> None:
+    from resctl.errors import EXIT_USAGE, ResctlError
+
+    try:
+        app(prog_name="resctl")
+    except ResctlError as err:
+        if os.environ.get("RESCTL_DEBUG") == "1":
+            raise
+        from resctl.cli.render import error
+
+        error(str(err))
+        sys.exit(err.exit_code if err.exit_code else EXIT_USAGE)

@@ -1,0 +1,28 @@
+"""`resctl run --dry-run`: the exact command, the environment added, and where each setting came from."""
+
+from __future__ import annotations
+
+import shlex
+
+from rich.table import Table
+
+from resctl.cli.render import out_console
+from resctl.launch.execute import launcher_program
+from resctl.launch.plan import LaunchPlan, redact
+
+
+def render(launch_plan: LaunchPlan) -> None:
+    out_console.print("# command", markup=False)
+    out_console.print(shlex.join(launch_plan.command(launcher_program())), markup=False)
+    out_console.print("\n# environment added", markup=False)
+    for name, value in sorted(launch_plan.env.items()):
+        out_console.print(f"{name}={shlex.quote(redact(name, value))}", markup=False)
+    out_console.print(f"\n# files written before launch", markup=False)
+    for path in launch_plan.files:
+        out_console.print(str(path), markup=False)
+    table = Table("launcher flag", "value", "source", title=f"settings (NVRx {launch_plan.nvrx_version}, series {launch_plan.nvrx_series})")
+    for flag, value, source in launch_plan.settings:
+        table.add_row(flag, value, source)
+    out_console.print(table)
+    for note in launch_plan.notes:
+        out_console.print(f"note: {note}", markup=False)

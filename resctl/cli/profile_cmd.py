@@ -1,0 +1,68 @@
+"""`resctl profile show|init|validate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from resctl.cli.render import info, out_console
+
+app = typer.Typer(help="Inspect, create and check resctl profiles.", no_args_is_help=True, rich_markup_mode=None)
+
+ProfileOpt = Annotated[
+    Optional[Path], typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")
+]
+SetOpt = Annotated[Optional[List[str]], typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")]
+
+
+@app.command("show", epilog="Example: resctl profile show -p examples/profiles/eks-p5.toml --set launch.max_restarts=5")
+def show(
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Print the resolved profile and where every value came from."""
+    from rich.table import Table
+
+    from resctl.profile.load import resolve
+    from resctl.profile.schema import keys
+    from resctl.profile.render import show_value
+
+    resolved = resolve(profile, sets=set_ or [])
+    dumped = resolved.profile.model_dump(mode="json", by_alias=True)
+    if as_json:
+        typer.echo(json.dumps({"file": str(resolved.file) if resolved.file else None, "profile": dumped,
+                               "sources": {k: resolved.source(k) for k in keys()}}, indent=2))
+        return
+    table = Table("key", "value", "source", title=f"profile: {resolved.file or 'built-in defaults'}")
+    for dotted, (section, fld) in keys().items():
+        table.add_row(dotted, show_value(section, fld, getattr(getattr(resolved.profile, section), fld)),
+                      resolved.source(dotted))
+    out_console.print(table)
+
+
+@app.command("init", epilog="Example: resctl profile init resctl.toml")
+def init(
+    path: Annotated[Path, typer.Argument(help="Where to write the starter profile.")] = Path("resctl.toml"),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a commented starter profile with every key at its default."""
+    from resctl.errors import UsageError
+    from resctl.profile.render import starter_toml
+
+    if path.exists() and not force:
+        raise UsageError(f"{path} exists; pass --force to overwrite it or give another path")
+    path.write_text(starter_toml(), encoding="utf-8")
+    info(f"wrote {path}")
+
+
+@app.command("validate", epilog="Example: resctl profile validate examples/profiles/eks-p5.toml")
+def validate(path: Annotated[Path, typer.Argument(help="Profile file to check.")]) -> None:
+    """Check a profile file (no environment or flags applied); exit 2 with every problem found."""
+    from resctl.profile.load import resolve
+
+    resolve(path, use_env=False)
+    info(f"{path}: ok")

@@ -1,0 +1,87 @@
+"""The one place that starts the launcher.
+
+resctl runs ft_launcher as a child rather than exec'ing it, so that it can forward signals
+(SIGTERM/SIGINT/SIGUSR1/SIGUSR2) to the launcher's process group leader, pass its exit code
+through, and print a one-screen summary of what failed when it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Sequence
+
+from resctl.errors import LaunchError
+from resctl.launch import rendezvous
+from resctl.launch.plan import LAUNCHER_MODULE, LaunchPlan, Target, plan
+from resctl.profile.load import Layer, resolve
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def installed_nvrx() -> str:
+    try:
+        return metadata.version("nvidia-resiliency-ext")
+    except metadata.PackageNotFoundError:
+        raise LaunchError(
+            "nvidia-resiliency-ext is not installed in this Python; install it with "
+            "`pip install nvidia-resiliency-ext` (0.4.1 on glibc < 2.39)"
+        ) from None
+
+
+def prepare(profile: Path | None, flags: Layer, sets: Sequence[str], target: Target) -> LaunchPlan:
+    """Resolve the profile, find the rendezvous and plan the launcher command."""
+    resolved = resolve(profile, flags=flags, sets=sets)
+    launch = resolved.profile.launch
+    version = installed_nvrx() if launch.nvrx_version == "auto" else launch.nvrx_version
+    rdzv = rendezvous.detect(launch, os.environ, socket.gethostname())
+    return plan(resolved, target, rdzv, version, user_env=os.environ, cwd=Path.cwd())
+
+
+def launcher_program() -> list[str]:
+    # The same interpreter as resctl, so the workers see the same packages.
+    return [sys.executable, "-m", LAUNCHER_MODULE]
+
+
+def write_files(launch_plan: LaunchPlan) -> None:
+    for path, text in launch_plan.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int:
+    """Start ft_launcher, forward signals, return its exit code (printing a summary on failure)."""
+    write_files(launch_plan)
+    for note in launch_plan.notes:
+        on_event(f"resctl: {note}")
+    on_event(f"resctl: run {launch_plan.run_id} -> {launch_plan.run_dir}")
+    env = {**os.environ, **launch_plan.env}
+    child = subprocess.Popen(launcher_program() + launch_plan.args, env=env)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code < 0:  # the launcher itself died of a signal: report it the way a shell would
+        code = 128 - code
+    if code != 0:
+        from resctl.telemetry.summary import failure_summary
+
+        for line in failure_summary(launch_plan.run_dir, code):
+            on_event(line)
+    return code

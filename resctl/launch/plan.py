@@ -1,0 +1,216 @@
+"""Profile -> ft_launcher command line. Pure: nothing here starts a process or touches the disk.
+
+`plan()` returns a `LaunchPlan`: the launcher's arguments, the environment resctl adds, the
+files it must write first (the plan handed to workers), and a line per setting saying where it
+came from. Golden tests pin `LaunchPlan.args` for every example profile and NVRx series.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from resctl.errors import UsageError
+from resctl.launch.rendezvous import Rendezvous
+from resctl.launch import nvrx_flags
+from resctl.profile.load import Resolved
+from resctl.profile.units import format_duration
+
+LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
+SHIM_MODULE = "resctl.shim"
+PLAN_FILE = "plan.json"
+FT_CONFIG_FILE = "ft_config.yaml"
+SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
+# What NVIDIA documents for in-process restart; set only where the user has not.
+INPROCESS_ENV = {"TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0", "TORCH_CPP_LOG_LEVEL": "error"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the user asked to run: a script (or module, or executable) and its arguments."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+
+
+@dataclass
+class LaunchPlan:
+    args: list[str]  # ft_launcher's arguments (its program is `launcher_argv()`)
+    env: dict[str, str]  # added to the launcher's (and so the workers') environment
+    files: dict[Path, str]  # written before launch
+    run_dir: Path
+    run_id: str
+    rendezvous: Rendezvous
+    nvrx_version: str
+    nvrx_series: str
+    settings: list[tuple[str, str, str]] = field(default_factory=list)  # (setting, value, source)
+    notes: list[str] = field(default_factory=list)
+
+    def command(self, program: Sequence[str] = ("ft_launcher",)) -> list[str]:
+        return [*program, *self.args]
+
+    def shell(self) -> str:
+        return shlex.join(self.command())
+
+
+def redact(name: str, value: str) -> str:
+    return "<redacted>" if SECRET.search(name) else value
+
+
+def new_run_id() -> str:
+    return "resctl-" + uuid.uuid4().hex[:12]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def plan(
+    resolved: Resolved,
+    target: Target,
+    rendezvous: Rendezvous,
+    nvrx_version: str,
+    *,
+    user_env: Mapping[str, str],
+    cwd: Path,
+) -> LaunchPlan:
+    """Translate a resolved profile into the ft_launcher command for `target`."""
+    p, src = resolved.profile, resolved.source
+    launch, hb, inproc = p.launch, p.heartbeat, p.inprocess
+    series = nvrx_flags.series_for(nvrx_version)
+    traits = nvrx_flags.SERIES[series]
+    settings: list[tuple[str, str, str]] = []
+    args: list[str] = []
+
+    def add(flag: str, value: str, dotted: str, source: str | None = None) -> None:
+        args.extend([flag, value])
+        settings.append((flag, value, source or src(dotted)))
+
+    run_id = rendezvous.run_id
+    run_dir = Path(launch.run_dir.replace("{run_id}", run_id))
+    if not run_dir.is_absolute():
+        run_dir = cwd / run_dir
+
+    add("--nnodes", rendezvous.nnodes or launch.nnodes, "launch.nnodes",
+        f"rendezvous ({rendezvous.source})" if rendezvous.nnodes else None)
+    add("--nproc-per-node", launch.nproc_per_node, "launch.nproc_per_node")
+    node_rank = launch.node_rank if launch.node_rank is not None else rendezvous.node_rank
+    if node_rank is not None:
+        add("--node-rank", str(node_rank), "launch.node_rank",
+            None if launch.node_rank is not None else f"rendezvous ({rendezvous.source})")
+    add("--rdzv-backend", launch.rdzv_backend, "launch.rdzv_backend")
+    add("--rdzv-endpoint", rendezvous.endpoint, "launch.rdzv_endpoint", f"rendezvous ({rendezvous.source})")
+    add("--rdzv-id", run_id, "launch.rdzv_id", f"rendezvous ({rendezvous.source})")
+    conf = dict(launch.rdzv_conf)
+    if rendezvous.is_host is not None and "is_host" not in conf:
+        conf["is_host"] = "1" if rendezvous.is_host else "0"
+    if conf:
+        add("--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items()), "launch.rdzv_conf")
+    if launch.master_addr:
+        add("--master-addr", launch.master_addr, "launch.master_addr")
+    if launch.master_port is not None:
+        add("--master-port", str(launch.master_port), "launch.master_port")
+    if launch.local_addr:
+        add("--local-addr", launch.local_addr, "launch.local_addr")
+    add("--max-restarts", str(launch.max_restarts), "launch.max_restarts")
+    add("--monitor-interval", _seconds(launch.monitor_interval), "launch.monitor_interval")
+    add("--term-timeout", _seconds(launch.term_timeout), "launch.term_timeout")
+    add("--workers-stop-timeout", _seconds(launch.workers_stop_timeout), "launch.workers_stop_timeout")
+    add("--start-method", launch.start_method, "launch.start_method")
+    log_dir = Path(launch.log_dir) if launch.log_dir else run_dir / "logs"
+    add("--log-dir", str(log_dir if log_dir.is_absolute() else cwd / log_dir), "launch.log_dir")
+    if launch.redirects != "0":
+        add("--redirects", launch.redirects, "launch.redirects")
+    if launch.tee != "0":
+        add("--tee", launch.tee, "launch.tee")
+
+    # Fault tolerance (rank monitors). Every value is passed explicitly: defaults differ by version.
+    files: dict[Path, str] = {}
+    disabled = {name: getattr(hb, attr) is None for name, attr in (
+        ("initial_rank_heartbeat_timeout", "initial_timeout"), ("rank_heartbeat_timeout", "timeout"))}
+    for name, attr in (("initial_rank_heartbeat_timeout", "initial_timeout"), ("rank_heartbeat_timeout", "timeout")):
+        value = getattr(hb, attr)
+        flag = "--ft-" + name.replace("_", "-")
+        if value is not None:
+            add(flag, _seconds(value), f"heartbeat.{attr}")
+        elif traits.timeouts_accept_none:
+            add(flag, "none", f"heartbeat.{attr}")
+    if any(disabled.values()) and not traits.timeouts_accept_none:
+        # 0.4 parses these flags as floats; "no timeout" can only be said in its YAML config.
+        cfg = run_dir / FT_CONFIG_FILE
+        files[cfg] = "fault_tolerance:\n" + "".join(f"  {name}: null\n" for name, off in disabled.items() if off)
+        add("--ft-cfg-path", str(cfg), "heartbeat.timeout")
+    add("--ft-workload-check-interval", _seconds(hb.check_interval), "heartbeat.check_interval")
+    if hb.sections:
+        add("--ft-rank-section-timeouts", ",".join(f"{k}:{v:g}" for k, v in hb.sections.items()), "heartbeat.sections")
+    if hb.out_of_section_timeout is not None:
+        add("--ft-rank-out-of-section-timeout", _seconds(hb.out_of_section_timeout), "heartbeat.out_of_section_timeout")
+    add("--ft-safety-factor", _seconds(hb.safety_factor), "heartbeat.safety_factor")
+    add("--ft-rank-termination-signal", hb.termination_signal, "heartbeat.termination_signal")
+    add("--ft-node-health-check-interval", _seconds(hb.node_health_check_interval), "heartbeat.node_health_check_interval")
+    add("--ft-log-level", hb.log_level, "heartbeat.log_level")
+    add("--ft-enable-nic-monitor", "true" if hb.nic_monitor else "false", "heartbeat.nic_monitor")
+
+    policy = launch.restart_policy
+    policy_source = src("launch.restart_policy")
+    if policy == "auto":
+        policy = "min-healthy" if (inproc.enabled and traits.has_min_healthy) else "any-failed"
+        policy_source = f"auto (NVRx {series}, inprocess.enabled={str(inproc.enabled).lower()})"
+    if policy == "min-healthy" and not traits.has_min_healthy:
+        raise UsageError(
+            f"launch.restart_policy = \"min-healthy\" ({src('launch.restart_policy')}) is not accepted by "
+            f"NVRx {nvrx_version} (removed in 0.6). Use \"any-failed\" or \"auto\"."
+        )
+    add("--ft-restart-policy", policy, "launch.restart_policy", policy_source)
+
+    # What the workers run.
+    if target.no_python and launch.use_shim:
+        notes_shim = ["--no-python: the target is not Python, so it runs without resctl.shim"]
+    else:
+        notes_shim = []
+    if target.no_python:
+        args.append("--no-python")
+        args.extend([target.script, *target.args])
+    elif launch.use_shim:
+        args.extend(["--module", SHIM_MODULE])
+        args.extend(["--resctl-module"] if target.module else [])
+        args.extend([target.script, *target.args])
+    else:
+        args.extend(["--module"] if target.module else [])
+        args.extend([target.script, *target.args])
+
+    env = {k: v for k, v in launch.env.items()}
+    env["RESCTL_RUN_DIR"] = str(run_dir)
+    env["RESCTL_PLAN"] = str(run_dir / PLAN_FILE)
+    if inproc.enabled:
+        for k, v in INPROCESS_ENV.items():
+            if k not in user_env and k not in env:
+                env[k] = v
+    files[run_dir / PLAN_FILE] = json.dumps(
+        {
+            "run_id": run_id,
+            "run_dir": str(run_dir),
+            "nvrx_version": nvrx_version,
+            "target": {"script": target.script, "args": list(target.args), "module": target.module},
+            "profile": p.model_dump(mode="json", by_alias=True),
+        },
+        indent=2,
+    )
+    notes = [*rendezvous.notes, *notes_shim]
+    if p.faults.schedule:
+        notes.append(
+            "FAULT DRILL ON: " + ", ".join(f"{f.kind}@step {f.step} rank {f.rank}" for f in p.faults.schedule)
+            + f" ({src('faults.schedule')})"
+        )
+    return LaunchPlan(args, env, files, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes)
+
+
+def describe_duration(seconds: float | None) -> str:
+    return "none" if seconds is None else format_duration(seconds)

@@ -1,0 +1,257 @@
+"""Resolve a profile from its layers and remember where every value came from.
+
+Precedence, lowest to highest (a higher layer never loses to a lower one):
+
+1. built-in defaults (the schema),
+2. the profile file (`-p FILE`, else `resctl.toml` in the working directory when present),
+3. `RESCTL_<SECTION>_<KEY>` environment variables (and `RESCTL_FAULTS`),
+4. command-line flags (`--nproc-per-node 8`, ...),
+5. `--set section.key=value` overrides, in the order given.
+
+Every problem in every layer is collected into one `ProfileError` naming the source, the key,
+the value and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pydantic import ValidationError
+
+from resctl.errors import Problem, ProfileError
+from resctl.profile.schema import SECTIONS, Profile, env_name, is_duration, key_name, keys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_FILE = "resctl.toml"
+DEFAULT_SOURCE = "default"
+# RESCTL_* variables that are not profile keys: resctl's own switches and the plan it hands workers.
+RESERVED_ENV = {"RESCTL_DEBUG", "RESCTL_PROFILE", "RESCTL_FAULTS", "RESCTL_PLAN", "RESCTL_RUN_DIR", "RESCTL_SHIM_ACTIVE"}
+
+
+@dataclass
+class Layer:
+    """Flat `section.key -> value` pairs from one source."""
+
+    source: str
+    values: dict[str, Any] = field(default_factory=dict)
+    # source label per key when it differs from `source` (env var names, flag names)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def label(self, dotted: str) -> str:
+        return self.labels.get(dotted, self.source)
+
+
+@dataclass
+class Resolved:
+    profile: Profile
+    sources: dict[str, str]
+    file: Path | None
+
+    def source(self, dotted: str) -> str:
+        return self.sources.get(dotted, DEFAULT_SOURCE)
+
+
+def _suggest(name: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def _unknown_key(source: str, dotted: str, value: Any = None) -> Problem:
+    section = dotted.split(".", 1)[0]
+    if section not in SECTIONS:
+        hint = _suggest(section, list(SECTIONS))
+        return Problem(
+            source, dotted, f"unknown section [{section}]", value,
+            (hint + " " if hint else "") + f"sections are: {', '.join(SECTIONS)}",
+        )
+    hint = _suggest(dotted, list(keys()))
+    return Problem(
+        source, dotted, "unknown key", value,
+        (hint + " " if hint else "") + f"run `resctl profile init` to see every key of [{section}]",
+    )
+
+
+def parse_value(text: str) -> Any:
+    """A TOML value (`8`, `true`, `"x"`, `[1, 2]`, `{a = 1}`); anything else is kept as a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def file_layer(path: Path) -> tuple[Layer, list[Problem]]:
+    label = str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return Layer(label), [Problem(label, "", "profile file not found", fix="check the path given to -p/--profile")]
+    except (OSError, UnicodeDecodeError) as err:
+        return Layer(label), [Problem(label, "", f"cannot read the profile: {err}")]
+    except tomllib.TOMLDecodeError as err:
+        return Layer(label), [Problem(label, "", f"not valid TOML: {err}", fix="fix the syntax at the line and column shown")]
+    layer, problems = Layer(label), []
+    known = keys()
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            problems.append(_unknown_key(label, section, table) if section not in SECTIONS else Problem(
+                label, section, "must be a table", table, fix=f"write it as a [{section}] section"))
+            continue
+        for key, value in table.items():
+            dotted = f"{section}.{key}"
+            if dotted in known:
+                layer.values[dotted] = value
+            else:
+                problems.append(_unknown_key(label, dotted, value))
+    return layer, problems
+
+
+def env_layer(env: Mapping[str, str]) -> tuple[Layer, list[Problem]]:
+    layer, problems = Layer("environment"), []
+    by_env = {env_name(dotted): dotted for dotted in keys()}
+    section_prefixes = tuple(f"RESCTL_{s.upper()}_" for s in SECTIONS)
+    for name, raw in env.items():
+        if not name.startswith("RESCTL_") or name in RESERVED_ENV:
+            continue
+        dotted = by_env.get(name)
+        if dotted is None:
+            if name.startswith(section_prefixes):
+                hint = _suggest(name, list(by_env))
+                problems.append(Problem(f"env {name}", "", "not a resctl setting", raw,
+                                        (hint + " " if hint else "") + "unset it or correct the name"))
+            continue
+        layer.values[dotted] = parse_env_value(dotted, raw)
+        layer.labels[dotted] = f"env {name}"
+    if env.get("RESCTL_FAULTS"):
+        from resctl.shim.faults import parse_schedule  # light module, no torch
+
+        try:
+            layer.values["faults.schedule"] = parse_schedule(env["RESCTL_FAULTS"])
+            layer.labels["faults.schedule"] = "env RESCTL_FAULTS"
+        except ValueError as err:
+            problems.append(Problem("env RESCTL_FAULTS", "faults.schedule", str(err), env["RESCTL_FAULTS"],
+                                    "use KIND@STEP[:RANK],... e.g. sigkill@30:1,exception@50"))
+    return layer, problems
+
+
+def parse_env_value(dotted: str, raw: str) -> Any:
+    section, fld = keys()[dotted]
+    annotation = str(SECTIONS[section].model_fields[fld].annotation)
+    # Strings stay strings ("8" for nproc_per_node); structured values are TOML.
+    if "dict" in annotation or "list" in annotation:
+        return parse_value(raw)
+    return raw
+
+
+def set_layer(assignments: Sequence[str]) -> tuple[Layer, list[Problem]]:
+    layer, problems = Layer("--set"), []
+    known = keys()
+    for item in assignments:
+        dotted, sep, text = item.partition("=")
+        dotted = dotted.strip()
+        if not sep or "." not in dotted:
+            problems.append(Problem("--set", dotted, "expected SECTION.KEY=VALUE", item,
+                                    "e.g. --set heartbeat.timeout=15m"))
+            continue
+        if dotted not in known:
+            problems.append(_unknown_key("--set", dotted, text))
+            continue
+        layer.values[dotted] = parse_value(text.strip())
+        layer.labels[dotted] = f"--set {dotted}"
+    return layer, problems
+
+
+def find_file(explicit: str | os.PathLike[str] | None, cwd: Path, env: Mapping[str, str]) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    if env.get("RESCTL_PROFILE"):
+        return Path(env["RESCTL_PROFILE"])
+    candidate = cwd / DEFAULT_FILE
+    return candidate if candidate.is_file() else None
+
+
+def resolve(
+    file: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Layer | None = None,
+    sets: Sequence[str] = (),
+    cwd: Path | None = None,
+    use_env: bool = True,
+) -> Resolved:
+    """Merge the layers into a validated Profile, or raise ProfileError listing every problem."""
+    env = os.environ if env is None else env
+    cwd = cwd or Path.cwd()
+    path = find_file(file, cwd, env)
+    layers: list[Layer] = []
+    problems: list[Problem] = []
+    if path is not None:
+        layer, found = file_layer(path)
+        layers.append(layer)
+        problems += found
+    if use_env:
+        layer, found = env_layer(env)
+        layers.append(layer)
+        problems += found
+    if flags is not None:
+        layers.append(flags)
+    layer, found = set_layer(sets)
+    layers.append(layer)
+    problems += found
+
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for layer in layers:
+        for dotted, value in layer.values.items():
+            merged[dotted] = value
+            sources[dotted] = layer.label(dotted)
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, value in merged.items():
+        section, key = dotted.split(".", 1)
+        nested.setdefault(section, {})[key] = value
+    try:
+        profile = Profile.model_validate(nested)
+    except ValidationError as err:
+        problems += [_problem(e, merged, sources) for e in err.errors()]
+    if problems:
+        raise ProfileError(problems)
+    return Resolved(profile, sources, path)
+
+
+def _problem(error: Mapping[str, Any], merged: Mapping[str, Any], sources: Mapping[str, str]) -> Problem:
+    loc = [str(part) for part in error["loc"]]
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if len(loc) >= 2 and loc[0] in SECTIONS:
+        section = loc[0]
+        model = SECTIONS[section]
+        fld = loc[1]
+        dotted = f"{section}.{key_name(section, fld) if fld in model.model_fields else fld}"
+        if len(loc) > 2:
+            dotted += "[" + "].[".join(loc[2:]) + "]"
+        base = f"{section}.{key_name(section, fld)}" if fld in model.model_fields else dotted
+        return Problem(sources.get(base, DEFAULT_SOURCE), dotted, message, merged.get(base, error.get("input")),
+                       _fix(section, fld, error))
+    # A check across keys (a model validator): name every key that took part and its source.
+    section = loc[0] if loc else ""
+    involved = sorted({src for dotted, src in sources.items() if not section or dotted.startswith(section + ".")})
+    return Problem(", ".join(involved) or DEFAULT_SOURCE, section or "profile", message,
+                   fix="change the values so the rule above holds")
+
+
+def _fix(section: str, fld: str, error: Mapping[str, Any]) -> str:
+    model = SECTIONS[section]
+    info = model.model_fields.get(fld)
+    if info is None:
+        return ""
+    if is_duration(info):
+        return "use a number of seconds or a duration such as 250ms, 90s, 15m, 24h"
+    default = info.get_default(call_default_factory=True)
+    return f"{info.description} Default: {default!r}." if info.description else ""

@@ -1,0 +1,295 @@
+"""The entry shim: gives an unmodified PyTorch script heartbeats, events, fault drills,
+checkpoint configuration, preemption handling and (when enabled) in-process restart.
+
+What it does in each worker, in order:
+
+1. reads the plan `resctl run` wrote (`RESCTL_PLAN`): the resolved profile and run directory;
+2. opens `events-rank<R>.jsonl` and records `start`;
+3. installs a global optimizer step hook: every `optimizer.step()` is a heartbeat to the NVRx
+   rank monitor, a `step` event and the clock of fault drills;
+4. patches `torch.distributed.init_process_group` so the NVRx `RankMonitorClient` connects once
+   the script's process group exists (a script with its own client keeps it: the shim stands down);
+5. configures `resctl.checkpoint` from the profile (and `intercept_torch_save`);
+6. runs the script as `__main__` (runpy), inside NVRx `inprocess.Wrapper` when enabled.
+
+Multiprocessing children started with spawn (NVRx's persistent checkpoint writer, for one)
+do not re-import the user's script: it would run the training a second time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from resctl.profile.schema import Profile
+from resctl.shim.faults import FaultPlan, InjectedFault
+from resctl.telemetry.events import EventLog, host
+
+EXIT_SIGTERM = 143
+
+
+@dataclass
+class Target:
+    name: str
+    args: list[str]
+    module: bool
+
+
+def parse_argv(argv: list[str]) -> Target:
+    module = False
+    if argv and argv[0] == "--resctl-module":
+        module, argv = True, argv[1:]
+    if not argv:
+        raise SystemExit("usage: python -m resctl.shim [--resctl-module] SCRIPT [ARGS...]")
+    return Target(argv[0], argv[1:], module)
+
+
+def load_plan(env: dict[str, str] | os._Environ[str]) -> tuple[Profile, Optional[Path]]:
+    path = env.get("RESCTL_PLAN")
+    if not path:
+        return Profile(), (Path(env["RESCTL_RUN_DIR"]) if env.get("RESCTL_RUN_DIR") else None)
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return Profile.model_validate(data["profile"]), Path(data["run_dir"])
+
+
+class Heartbeats:
+    """The shim's NVRx RankMonitorClient; stands down when the script brings its own."""
+
+    def __init__(self, events: EventLog) -> None:
+        self.events = events
+        self.client: Any = None
+        self.user_owns = False
+        self._lock = threading.Lock()
+
+    @property
+    def available(self) -> bool:
+        return bool(os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"))
+
+    def connect(self) -> None:
+        if not self.available or self.user_owns or self.client is not None:
+            return
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+        with self._lock:
+            client = RankMonitorClient()
+            client.init_workload_monitoring()
+            self.client = client
+
+    def beat(self) -> None:
+        client = self.client
+        if client is not None:
+            with self._lock:
+                client.send_heartbeat()
+
+    def yield_to_user(self) -> None:
+        with self._lock:
+            self.user_owns = True
+            if self.client is not None:
+                self.client.shutdown_workload_monitoring()
+                self.client = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self.client is not None:
+                try:
+                    self.client.shutdown_workload_monitoring()
+                except Exception:  # the monitor may be gone already at exit
+                    pass
+                self.client = None
+
+
+class Shim:
+    def __init__(self, profile: Profile, run_dir: Optional[Path], env: Any = os.environ) -> None:
+        self.profile = profile
+        self.run_dir = run_dir
+        self.rank = int(env.get("RANK", "0"))
+        self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.cycle = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.events = EventLog(run_dir, self.rank, self.cycle)
+        self.heartbeats = Heartbeats(self.events)
+        self.faults = FaultPlan([f.model_dump() for f in profile.faults.schedule], self.rank, run_dir)
+        self.step = 0
+        self._last_step_t = time.monotonic()
+        self.sigterm_at: Optional[float] = None
+        self.checkpointer: Any = None
+
+    # -- hooks -------------------------------------------------------------------------------
+    def on_optimizer_step(self, *_: Any) -> None:
+        self.step += 1
+        now = time.monotonic()
+        self.events.emit("step", step=self.step, duration=round(now - self._last_step_t, 6))
+        self._last_step_t = now
+        if self.heartbeats.client is None:
+            self.heartbeats.connect()
+        self.heartbeats.beat()
+        if self.faults:
+            self.fire_faults(self.step)
+
+    def fire_faults(self, step: int) -> None:
+        for kind in ("exception", "sigkill", "hang", "checkpoint_exception"):
+            if not self.faults.take(step, kind):
+                continue
+            self.events.emit("fault", cause=kind, injected=True, step=step, error=f"injected {kind} at step {step}")
+            print(f"resctl: FAULT DRILL: injecting {kind} at step {step} on rank {self.rank}", file=sys.stderr, flush=True)
+            if kind == "exception":
+                raise InjectedFault(f"resctl fault drill: exception at step {step} on rank {self.rank}")
+            if kind == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if kind == "hang":
+                while True:  # short sleeps, so an in-process watchdog can still interrupt the rank
+                    time.sleep(0.05)
+            if kind == "checkpoint_exception" and self.checkpointer is not None:
+                self.checkpointer.fail_next_write(f"resctl fault drill: checkpoint write failure at step {step}")
+
+    def on_resume(self, step: int) -> None:
+        self.step = step
+        self.events.emit("resume", step=step)
+
+    def on_sigterm(self, signum: int, _frame: Any) -> None:
+        self.sigterm_at = time.monotonic()
+        self.events.emit("fault", cause="sigterm", injected=False, step=self.step, error="SIGTERM received")
+        ckpt = self.checkpointer
+        if ckpt is not None and self.profile.checkpoint.save_on_sigterm:
+            # Save at the next step boundary (maybe_save) so the state is never torn; if the loop
+            # does not get there within the grace period, exit after the in-flight write lands.
+            ckpt.request_final_save(deadline=self.sigterm_at + self.profile.checkpoint.sigterm_grace)
+            threading.Thread(target=self._exit_after_grace, daemon=True).start()
+            return
+        if ckpt is not None:
+            ckpt.wait()
+        self.finish("sigterm")
+        os._exit(EXIT_SIGTERM)
+
+    def _exit_after_grace(self) -> None:
+        assert self.sigterm_at is not None
+        time.sleep(max(0.0, self.sigterm_at + self.profile.checkpoint.sigterm_grace - time.monotonic()))
+        try:
+            self.checkpointer.wait()
+        finally:
+            self.finish("sigterm")
+            os._exit(EXIT_SIGTERM)
+
+    def finish(self, status: str) -> None:
+        self.events.emit("end", status=status, step=self.step)
+        self.heartbeats.close()
+
+    # -- installation ----------------------------------------------------------------------
+    def install(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        torch.optim.optimizer.register_optimizer_step_post_hook(self.on_optimizer_step)
+        original_init = dist.init_process_group
+        shim = self
+
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original_init(*args, **kwargs)
+            shim.heartbeats.connect()
+            return result
+
+        init_process_group.__wrapped__ = original_init  # type: ignore[attr-defined]
+        dist.init_process_group = init_process_group
+        self._patch_user_rank_monitor()
+        self._configure_checkpoint()
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+        _keep_spawn_children_off_main()
+
+    def _patch_user_rank_monitor(self) -> None:
+        if not self.heartbeats.available:
+            return
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+        original = RankMonitorClient.init_workload_monitoring
+        heartbeats = self.heartbeats
+
+        def init_workload_monitoring(client: Any) -> None:
+            if client is not heartbeats.client:
+                heartbeats.yield_to_user()
+            original(client)
+
+        RankMonitorClient.init_workload_monitoring = init_workload_monitoring  # type: ignore[method-assign]
+
+    def _configure_checkpoint(self) -> None:
+        from resctl import checkpoint
+
+        self.checkpointer = checkpoint.Checkpointer.from_section(
+            self.profile.checkpoint, events=self.events, heartbeat=self.heartbeats.beat, on_resume=self.on_resume
+        )
+        checkpoint.set_default(self.checkpointer)
+        if self.profile.checkpoint.intercept_torch_save:
+            from resctl.checkpoint import intercept
+
+            intercept.install(self.profile.checkpoint.intercept_torch_save, self.checkpointer)
+
+    # -- running ---------------------------------------------------------------------------
+    def run_target(self, target: Target) -> None:
+        if target.module:
+            sys.argv = [target.name, *target.args]
+            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(target.name)
+            sys.argv = [target.name, *target.args]
+            sys.path[0] = os.path.dirname(script)  # as `python script.py` would
+            runpy.run_path(script, run_name="__main__")
+
+
+def _keep_spawn_children_off_main() -> None:
+    """Spawned children must not re-import the user's script as __mp_main__ (it would train twice)."""
+    import multiprocessing.spawn as mp_spawn
+
+    original: Callable[..., dict[str, Any]] = mp_spawn.get_preparation_data
+
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    mp_spawn.get_preparation_data = get_preparation_data  # type: ignore[assignment]
+
+
+def main(argv: list[str]) -> int:
+    target = parse_argv(argv)
+    profile, run_dir = load_plan(os.environ)
+    shim = Shim(profile, run_dir)
+    shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name)
+    if profile.faults.schedule and shim.rank == 0:
+        print("resctl: FAULT DRILL ON: " + ", ".join(f"{f.kind}@{f.step}:{f.rank}" for f in profile.faults.schedule),
+              file=sys.stderr, flush=True)
+    shim.install()
+    try:
+        if profile.inprocess.enabled:
+            from resctl.shim.inprocess import run_wrapped
+
+            run_wrapped(shim, target)
+        else:
+            shim.run_target(target)
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if code:
+            shim.events.emit("fault", cause="exit", error=f"SystemExit({exit_.code!r})", step=shim.step)
+        _finish_checkpoints(shim)
+        shim.finish("ok" if code == 0 else "error")
+        raise
+    except BaseException as err:
+        shim.events.emit("fault", cause="exception", injected=isinstance(err, InjectedFault), step=shim.step,
+                         error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=20))
+        shim.finish("error")
+        raise
+    _finish_checkpoints(shim)
+    shim.finish("ok")
+    return 0
+
+
+def _finish_checkpoints(shim: Shim) -> None:
+    if shim.checkpointer is not None:
+        shim.checkpointer.wait()
