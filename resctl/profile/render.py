@@ -67,3 +67,19 @@ def reference_markdown() -> str:
             out.append(f"| `{key_name(section, fld)}` | `{shown}` | `{env_name(dotted)}` | {info.description or ''} |")
         out.append("")
     return "\n".join(out)
+
+
+START, END = "<!-- profile-reference:start -->", "<!-- profile-reference:end -->"
+
+
+def update_readme(path: str = "README.md") -> None:
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(f"{head}{START}\n{reference_markdown()}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    update_readme()

@@ -1,0 +1,69 @@
+"""Helpers for tests that start real `resctl run` jobs (real ft_launcher, gloo on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+LOCAL_PROFILE = EXAMPLES / "profiles" / "local-cpu.toml"
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(run_dir.glob("events-rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return sorted(out, key=lambda e: e["t"])
+
+
+def start(args: list[str], cwd: Path, env: Optional[dict[str, str]] = None) -> subprocess.Popen[str]:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "resctl", "run", *args], cwd=cwd, env=full_env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: Optional[subprocess.Popen[str]] = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"job exited ({proc.returncode}) before {what}:\n{proc.stdout.read() if proc.stdout else ''}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"job did not finish in {timeout}s:\n{out[-4000:]}")
+    return proc.returncode, out
+
+
+def worker_pid(run_dir: Path, rank: int, cycle: int = 0) -> Optional[int]:
+    for e in events(run_dir):
+        if e["kind"] == "start" and e["rank"] == rank and e["cycle"] == cycle:
+            return int(e["pid"])
+    return None
+
+
+def last_step(run_dir: Path, rank: int, cycle: int = 0) -> int:
+    steps = [e["step"] for e in events(run_dir) if e["kind"] == "step" and e["rank"] == rank and e["cycle"] == cycle]
+    return max(steps, default=0)

@@ -1,0 +1,97 @@
+"""`resctl run` end to end: real ft_launcher, real workers (gloo on CPU), real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, wait_for, worker_pid
+
+pytestmark = pytest.mark.slow
+SCRIPT = str(EXAMPLES / "train_snapshot.py")
+
+
+def snapshot_job(tmp_path: Path, name: str, steps: int = 40, extra: tuple[str, ...] = ()) -> list[str]:
+    return ["-p", str(LOCAL_PROFILE), "--nproc-per-node", "2", "--run-dir", str(tmp_path / name), *extra,
+            SCRIPT, "--steps", str(steps), "--step-time", "0.05",
+            "--snapshot", str(tmp_path / f"{name}-snapshot.pt"), "--out", str(tmp_path / f"{name}-final.pt")]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fault-free run every recovered run must match bit for bit."""
+    tmp = tmp_path_factory.mktemp("reference")
+    code, out = finish(start(snapshot_job(tmp, "ref"), cwd=tmp))
+    assert code == 0, out[-3000:]
+    return tmp / "ref-final.pt"
+
+
+def test_unmodified_script_survives_an_outside_sigkill(tmp_path: Path, reference: Path) -> None:
+    proc = start(snapshot_job(tmp_path, "kill"), cwd=tmp_path)
+    run_dir = tmp_path / "kill"
+    wait_for(lambda: last_step(run_dir, 1) >= 12, 120, "rank 1 to reach step 12", proc)
+    pid = worker_pid(run_dir, rank=1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    code, out = finish(proc)
+    assert code == 0, out[-3000:]
+    assert "resumed from" in out
+    starts = [e for e in events(run_dir) if e["kind"] == "start"]
+    assert {e["cycle"] for e in starts} == {0, 1}, "the launcher restarted the workers once, in-job"
+    assert_same_weights(tmp_path / "kill-final.pt", reference)
+
+
+def test_a_hung_worker_is_detected_by_heartbeats_and_restarted(tmp_path: Path, reference: Path) -> None:
+    hb = ["--set", "heartbeat.timeout=4s", "--set", "heartbeat.check_interval=1s"]
+    proc = start(snapshot_job(tmp_path, "hang", extra=tuple(hb)), cwd=tmp_path)
+    run_dir = tmp_path / "hang"
+    wait_for(lambda: last_step(run_dir, 1) >= 12, 120, "rank 1 to reach step 12", proc)
+    pid = worker_pid(run_dir, rank=1)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    code, out = finish(proc)
+    assert code == 0, out[-3000:]
+    assert any(e["kind"] == "start" and e["cycle"] == 1 for e in events(run_dir))
+    assert_same_weights(tmp_path / "hang-final.pt", reference)
+
+
+def test_a_job_that_always_fails_stops_after_max_restarts_with_a_summary(tmp_path: Path) -> None:
+    args = snapshot_job(tmp_path, "broken", extra=("--max-restarts", "1")) + ["--fail-always"]
+    code, out = finish(start(args, cwd=tmp_path))
+    assert code != 0
+    summary = out[out.index("resctl: the job failed"):]
+    assert "after 1 launcher restart(s)" in summary
+    assert "RuntimeError: this job is broken on purpose (--fail-always)" in summary
+    assert "rank 0, 1" in summary
+    assert len(summary.splitlines()) < 25, "the summary fits on one screen"
+
+
+def test_two_nodes_rendezvous_over_loopback(tmp_path: Path, reference: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = ["-p", str(LOCAL_PROFILE), "--nnodes", "2", "--nproc-per-node", "1",
+              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "--local-addr", "127.0.0.1"]
+    job = [SCRIPT, "--steps", "40", "--step-time", "0.02", "--snapshot", str(tmp_path / "snap.pt"),
+           "--out", str(tmp_path / "two-final.pt")]
+    nodes = [start([*common, "--node-rank", str(i), "--run-dir", str(tmp_path / f"node{i}"), *job], cwd=tmp_path)
+             for i in range(2)]
+    results = [finish(p) for p in nodes]
+    for code, out in results:
+        assert code == 0, out[-3000:]
+    ranks = {e["rank"] for i in range(2) for e in events(tmp_path / f"node{i}") if e["kind"] == "start"}
+    assert ranks == {0, 1}
+    assert_same_weights(tmp_path / "two-final.pt", reference)
