@@ -460,6 +460,9 @@ class Checkpointer:
         except Exception as err:  # noqa: BLE001
             raise fmt.CorruptCheckpoint(f"{fmt.META} refused by weights_only loading: {err}") from None
         if body["kind"] == "dcp":
+            from resctl.checkpoint import sharded
+
+            sharded.verify(path, body)
             return "dcp", (body, meta)
         specs = [fmt.TensorSpec.from_json(raw) for raw in body["tensors"]]
         tensors = [torch.empty(s.shape, dtype=fmt.dtype_from_name(s.dtype)) for s in specs]

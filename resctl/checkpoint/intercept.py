@@ -1,0 +1,212 @@
+"""Zero-edit checkpointing: make `torch.save` to chosen paths async and atomic.
+
+`install(glob, checkpointer)` replaces `torch.save` and `torch.load`:
+
+- `torch.save(obj, path)` with `path` matching `glob` snapshots `obj` (tensors copied to CPU),
+  returns, and writes in the checkpointer's background thread: into a hidden temp file next to
+  `path`, fsync, then a sidecar manifest `<path>.resctl.json` (size and CRC32), then both are
+  renamed into place and the directory is fsynced. The file at `path` is a normal torch.save
+  file, appears only when complete, and any program can torch.load it.
+- `torch.load(path)` of a matching path first waits for that path's pending write, then checks
+  the sidecar (if there is one) and raises `CheckpointError` on a size or checksum mismatch.
+- Every other call (other paths, file objects, BytesIO) goes straight to torch.
+
+The glob is matched (fnmatch) against the path as given and against its absolute form, so both
+`"checkpoints/*.pt"` and `"/fsx/run1/**"`-style globs work. Saves go through the checkpointer's
+single in-flight slot: a new save waits for the previous one, and a failed write raises on the
+next save or wait. The write is one `torch.save` stream (not split across writers): use
+`resctl.checkpoint.save` for full parallel bandwidth.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from resctl.checkpoint import format as fmt
+from resctl.checkpoint import state as st
+from resctl.checkpoint.engine import CheckpointError, Checkpointer
+
+SIDECAR_SUFFIX = ".resctl.json"
+_PLAIN = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+_installed: tuple[Callable[..., Any], Callable[..., Any], str, Checkpointer] | None = None
+
+
+def install(glob: str, checkpointer: Checkpointer | None = None) -> None:
+    """Patch torch.save/torch.load for paths matching `glob` (default checkpointer if None)."""
+    global _installed
+    if checkpointer is None:
+        import resctl.checkpoint as api
+
+        checkpointer = api.get()
+    if _installed is not None:
+        uninstall()
+    orig_save, orig_load = torch.save, torch.load
+    _installed = (orig_save, orig_load, glob, checkpointer)
+
+    def save(obj: object, f: Any, *args: Any, **kwargs: Any) -> None:
+        path = _matching_path(f, glob)
+        if path is None:
+            return orig_save(obj, f, *args, **kwargs)
+        _save_path(checkpointer, orig_save, obj, path, args, kwargs)
+        return None
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _matching_path(f, glob)
+        if path is not None:
+            if checkpointer.pending_path() == path:
+                checkpointer.wait()
+            verify(path)
+        return orig_load(f, *args, **kwargs)
+
+    save.__doc__ = orig_save.__doc__
+    load.__doc__ = orig_load.__doc__
+    torch.save = save  # type: ignore[assignment]
+    torch.load = load  # type: ignore[assignment]
+
+
+def uninstall() -> None:
+    """Restore the original torch.save/torch.load (pending writes keep running)."""
+    global _installed
+    if _installed is None:
+        return
+    orig_save, orig_load, _, _ = _installed
+    torch.save = orig_save  # type: ignore[assignment]
+    torch.load = orig_load  # type: ignore[assignment]
+    _installed = None
+
+
+def sidecar(path: Path) -> Path:
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def verify(path: Path) -> None:
+    """Raise CheckpointError if `path` does not match its sidecar manifest (no sidecar: no check)."""
+    try:
+        body = fmt.read_manifest(sidecar(path))
+    except fmt.CorruptCheckpoint as err:
+        if "no manifest" in str(err):
+            return
+        raise CheckpointError(f"{path}: {err}") from None
+    if not path.exists():
+        return
+    size, crc = fmt.file_crc(path)
+    if size != body["bytes"] or crc != body["crc32"]:
+        raise CheckpointError(
+            f"{path} does not match its manifest {sidecar(path).name} (corrupt or changed outside resctl); "
+            "load an older checkpoint or delete both files"
+        )
+
+
+def _matching_path(f: Any, glob: str) -> Path | None:
+    if not isinstance(f, (str, os.PathLike)):
+        return None
+    given = os.fspath(f)
+    if isinstance(given, bytes):
+        return None
+    absolute = os.path.abspath(given)
+    pattern_abs = os.path.abspath(glob) if not os.path.isabs(glob) else glob
+    if fnmatch.fnmatch(given, glob) or fnmatch.fnmatch(absolute, glob) or fnmatch.fnmatch(absolute, pattern_abs):
+        return Path(absolute)
+    return None
+
+
+def _snapshot(obj: Any, orig_save: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A copy of `obj` the training loop cannot change: containers of tensors are rebuilt around
+    CPU clones; anything else is serialised to bytes now (same bytes torch.save would write)."""
+    tensors: list[torch.Tensor] = []
+    structure = st.flatten(obj, tensors, {})
+    if _all_plain(structure):
+        clones: list[torch.Tensor] = []
+        for t in tensors:
+            c = t.detach().to("cpu", copy=True)
+            clones.append(torch.nn.Parameter(c, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else c)
+        return st.unflatten(structure, clones)
+    buf = io.BytesIO()
+    orig_save(obj, buf, *args, **kwargs)
+    return buf.getvalue()
+
+
+def _all_plain(obj: Any) -> bool:
+    if isinstance(obj, dict):
+        return all(_all_plain(v) for v in obj.values()) and all(isinstance(k, _PLAIN) for k in obj)
+    if isinstance(obj, (list, tuple)):
+        if len(obj) == 2 and obj[0] == fmt.TENSOR_MARK:
+            return True
+        return all(_all_plain(v) for v in obj)
+    return isinstance(obj, _PLAIN)
+
+
+def _guess_step(obj: Any) -> int | None:
+    if isinstance(obj, dict):
+        for key in ("step", "global_step", "iteration", "iter"):
+            if isinstance(obj.get(key), int):
+                return int(obj[key])
+    return None
+
+
+def _save_path(
+    ckpt: Checkpointer,
+    orig_save: Callable[..., Any],
+    obj: Any,
+    path: Path,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    t0 = time.monotonic()
+    ckpt._beat(force=True)
+    waited = ckpt._wait_previous()
+    snap = _snapshot(obj, orig_save, args, kwargs)
+    staged_at = time.monotonic()
+    step = _guess_step(obj)
+
+    def job() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tag = secrets.token_hex(4)
+        tmp = path.with_name(f".{path.name}.resctl-tmp-{tag}")
+        tmp_manifest = path.with_name(f".{path.name}.resctl-tmp-{tag}.json")
+        try:
+            if isinstance(snap, bytes):
+                size, crc = fmt.write_file(tmp, [memoryview(snap)], ckpt._tick)
+            else:
+                with open(tmp, "wb") as fh:
+                    orig_save(snap, fh, *args, **kwargs)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                size, crc = fmt.file_crc(tmp)  # just written: read back from the page cache
+            body = {"format": fmt.FORMAT, "version": fmt.VERSION, "kind": "file", "step": step,
+                    "created": time.time(), "bytes": size, "crc32": crc}
+            fmt.write_manifest(tmp_manifest, body)
+            # An old sidecar must not vouch for the new file, even for an instant.
+            try:
+                os.unlink(sidecar(path))
+            except FileNotFoundError:
+                pass
+            os.rename(tmp, path)
+            os.rename(tmp_manifest, sidecar(path))
+            fmt.fsync_dir(path.parent)
+        except BaseException:
+            for leftover in (tmp, tmp_manifest):
+                try:
+                    os.unlink(leftover)
+                except FileNotFoundError:
+                    pass
+            raise
+        ckpt.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=size,
+                         path=str(path))
+
+    ckpt.submit(job, step, path)
+    ckpt.events.emit("ckpt_stall", step=step, seconds=round(time.monotonic() - t0, 6), waited=round(waited, 6),
+                     path=str(path))
+    ckpt._beat(force=True)
+
+
+__all__ = ["install", "uninstall", "verify", "sidecar"]
