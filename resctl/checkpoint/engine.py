@@ -409,9 +409,8 @@ class Checkpointer:
         distributed = _dist_ready() and torch.distributed.get_world_size() > 1
         if distributed:
             # Everyone walks rank 0's list, so all ranks test the same steps in the same order.
-            box: list[Any] = [[(s, str(p)) for s, p in candidates]]
-            torch.distributed.broadcast_object_list(box, src=0)
-            candidates = [(s, Path(p)) for s, p in box[0]]
+            steps = _broadcast_steps([s for s, _ in candidates])
+            candidates = [(s, self.dir / fmt.step_dir_name(s)) for s in steps]
         for step, path in candidates:
             loaded: Any = None
             reason = ""
@@ -419,12 +418,8 @@ class Checkpointer:
                 loaded = self._read(path, state)
             except Exception as err:  # noqa: BLE001 - any failure means "do not take this one"
                 reason = str(err) if isinstance(err, fmt.CorruptCheckpoint) else f"{type(err).__name__}: {err}"
-            if distributed:
-                oks: list[Any] = [None] * torch.distributed.get_world_size()
-                torch.distributed.all_gather_object(oks, reason)
-                bad = [(r, why) for r, why in enumerate(oks) if why]
-                if bad and not reason:
-                    reason = f"rank {bad[0][0]} could not read it: {bad[0][1]}"
+            if distributed and not _all_ranks_ok(not reason) and not reason:
+                reason = "another rank could not read it (see that rank's log)"
             if reason:
                 log.warning("skipping checkpoint %s: %s", path, reason)
                 self.events.emit("ckpt_skip", step=step, reason=reason)
@@ -482,6 +477,30 @@ class Checkpointer:
                 raise fmt.CorruptCheckpoint(f"{name}: checksum mismatch")
         entries = st.unflatten(meta["entries"], tensors)
         return "plain", (entries, list(meta["stateful"]))
+
+
+def _collective_device() -> torch.device:
+    # NCCL only reduces CUDA tensors; gloo and others take CPU ones.
+    if "nccl" in str(torch.distributed.get_backend()).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _broadcast_steps(steps: list[int]) -> list[int]:
+    """Rank 0's list of steps, on every rank (tensor collectives: object ones need numpy)."""
+    dev = _collective_device()
+    n = torch.tensor([len(steps)], dtype=torch.int64, device=dev)
+    torch.distributed.broadcast(n, src=0)
+    buf = torch.tensor(steps if torch.distributed.get_rank() == 0 else [0] * int(n.item()), dtype=torch.int64, device=dev)
+    if buf.numel():
+        torch.distributed.broadcast(buf, src=0)
+    return [int(s) for s in buf.tolist()]
+
+
+def _all_ranks_ok(ok: bool) -> bool:
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=_collective_device())
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def write_data_file(path: Path, data: memoryview, tick: Callable[[], None] | None) -> tuple[int, int]:
