@@ -318,7 +318,8 @@ def _pytorchjob(launch: Launch, env: Mapping[str, str], hostname: str) -> Rendez
     else:
         job = _pytorchjob_name(host, hostname)
         run_id, how = _k8s_run_id(env, job)
-        notes.append(f"run id {run_id!r} from the PyTorchJob name ({how}); it stays the same when a pod restarts")
+        how = how.replace("the Job name", f"the PyTorchJob name {job!r}")
+        notes.append(f"run id {run_id!r} from {how}; it stays the same when a pod restarts")
         if UID_ENV not in env:
             notes.append(
                 f"set {UID_ENV} (or launch.rdzv_id) to a value unique per submission so two PyTorchJobs "
