@@ -168,7 +168,8 @@ class Checkpointer:
         if any(st.is_sharded(t) for t in st.find_tensors(entries)):
             from resctl.checkpoint import sharded
 
-            self._cleanup_once()
+            if self.rank == 0:
+                self._cleanup_once()
             sharded.save(self, entries, stateful, step)
         elif self.rank == 0:
             self._cleanup_once()
