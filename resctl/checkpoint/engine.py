@@ -105,6 +105,11 @@ class Checkpointer:
         self._last_beat = 0.0
         self._latest: tuple[MutableMapping[str, Any], int] | None = None
         self.last_saved_step: int | None = None
+        self._fail_next: str | None = None
+        self._final_deadline: float | None = None
+        self._final_requested = False
+        #: Set once a final save requested by `request_final_save` is durable (or was skipped).
+        self.final_done = threading.Event()
 
     @classmethod
     def from_section(cls, section: "CheckpointSection", **kw: Any) -> "Checkpointer":
@@ -181,8 +186,24 @@ class Checkpointer:
         self._beat(force=True)
 
     def maybe_save(self, state: MutableMapping[str, Any], step: int) -> bool:
-        """Save when `step % interval_steps == 0`; always remember (state, step) for `save_final`."""
+        """Save when `step % interval_steps == 0`; always remember (state, step) for `save_final`.
+
+        After `request_final_save()`, the next call (a step boundary) runs `save_final()` instead,
+        whatever the interval, and sets `final_done`.
+        """
         self._latest = (state, step)
+        if self._final_requested:
+            self._final_requested = False
+            try:
+                deadline = self._final_deadline
+                if deadline is None or time.monotonic() < deadline:
+                    self.save_final()
+                else:
+                    log.warning("final checkpoint skipped: the SIGTERM grace period is over")
+                    self.wait()
+            finally:
+                self.final_done.set()
+            return True
         if step % self.interval_steps == 0:
             self.save(state, step)
             return True
@@ -209,6 +230,23 @@ class Checkpointer:
             finally:
                 self.async_ = saved_async
         return step
+
+    def request_final_save(self, deadline: float | None = None) -> None:
+        """Ask for a final synchronous save at the next `maybe_save` (safe from a signal handler:
+        it only sets flags). `deadline` is a `time.monotonic()` value after which the final save
+        is skipped; `final_done` is set when it is over either way."""
+        self._final_deadline = deadline
+        self._final_requested = True
+
+    def fail_next_write(self, message: str) -> None:
+        """Fault drill: make the next background write fail part-way (data written, no manifest)
+        with `message`; the failure surfaces on the following save()/wait() like a real one."""
+        self._fail_next = message
+
+    def take_injected_failure(self) -> str | None:
+        """The pending fault-drill message, cleared (taken when a save is staged)."""
+        message, self._fail_next = self._fail_next, None
+        return message
 
     def wait(self) -> None:
         """Block until the in-flight write is durable; raise `CheckpointError` if it failed."""
@@ -311,9 +349,10 @@ class Checkpointer:
         staged = self._stage(tensors, total)
         staged_at = time.monotonic()
         final = self.dir / fmt.step_dir_name(step)
+        fail = self.take_injected_failure()
 
         def job() -> None:
-            self._persist_plain(staged, specs, total, meta, step, staged_at)
+            self._persist_plain(staged, specs, total, meta, step, staged_at, fail)
 
         self.submit(job, step, final)
 
@@ -321,7 +360,14 @@ class Checkpointer:
         self._beat()
 
     def _persist_plain(
-        self, staged: torch.Tensor, specs: list[fmt.TensorSpec], total: int, meta: bytes, step: int, staged_at: float
+        self,
+        staged: torch.Tensor,
+        specs: list[fmt.TensorSpec],
+        total: int,
+        meta: bytes,
+        step: int,
+        staged_at: float,
+        fail: str | None = None,
     ) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         name = fmt.step_dir_name(step)
@@ -339,6 +385,8 @@ class Checkpointer:
             for i, ((lo, hi), fut) in enumerate(zip(ranges, futures)):
                 size, crc = fut.result()
                 files[f"data-{i}.bin"] = {"bytes": size, "crc32": crc, "range": [lo, hi]}
+            if fail is not None:
+                raise RuntimeError(fail)
             body = {
                 "format": fmt.FORMAT,
                 "version": fmt.VERSION,

@@ -167,6 +167,7 @@ def _save_path(
     snap = _snapshot(obj, orig_save, args, kwargs)
     staged_at = time.monotonic()
     step = _guess_step(obj)
+    fail = ckpt.take_injected_failure()
 
     def job() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,6 +183,8 @@ def _save_path(
                     fh.flush()
                     os.fsync(fh.fileno())
                 size, crc = fmt.file_crc(tmp)  # just written: read back from the page cache
+            if fail is not None:
+                raise RuntimeError(fail)
             body = {"format": fmt.FORMAT, "version": fmt.VERSION, "kind": "file", "step": step,
                     "created": time.time(), "bytes": size, "crc32": crc}
             fmt.write_manifest(tmp_manifest, body)

@@ -316,3 +316,30 @@ def test_from_section(tmp_path: Path) -> None:
     section = Checkpoint.model_validate({"dir": str(tmp_path / "c"), "async": False, "keep_last": 3, "writers": 2})
     ck = Checkpointer.from_section(section, rank=0)
     assert (ck.async_, ck.keep_last, ck.writers, ck.rank) == (False, 3, 2, 0)
+
+
+def test_fail_next_write_drill(tmp_path: Path) -> None:
+    ck = _ckpt(tmp_path, keep_last=5)
+    ck.save({"x": torch.ones(4)}, 1)
+    ck.fail_next_write("drill: write failure at step 2")
+    ck.save({"x": torch.ones(4) * 2}, 2)
+    with pytest.raises(CheckpointError, match="drill"):
+        ck.save({"x": torch.ones(4) * 3}, 3)  # the failure surfaces here, before step 3 is staged
+    ck.wait()
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-000000001"]
+    ck.save({"x": torch.ones(4) * 3}, 3)
+    ck.wait()
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-000000001", "step-000000003"]
+
+
+def test_request_final_save_at_next_step_boundary(tmp_path: Path) -> None:
+    ck = _ckpt(tmp_path, interval_steps=100, keep_last=5)
+    state = {"x": torch.zeros(4)}
+    ck.maybe_save(state, 1)
+    ck.request_final_save()  # what a SIGTERM handler does: only flags
+    assert not (tmp_path / "ck").exists()
+    state["x"].fill_(2)
+    assert ck.maybe_save(state, 2)
+    assert ck.final_done.is_set()
+    loaded: dict[str, Any] = {"x": None}
+    assert ck.load(loaded) == 2 and torch.equal(loaded["x"], torch.full((4,), 2.0))
