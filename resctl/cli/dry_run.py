@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import shlex
 
-from rich.table import Table
-
 from resctl.cli.render import out_console
 from resctl.launch.execute import launcher_program
 from resctl.launch.plan import LaunchPlan, redact
@@ -17,12 +15,13 @@ def render(launch_plan: LaunchPlan) -> None:
     out_console.print("\n# environment added", markup=False)
     for name, value in sorted(launch_plan.env.items()):
         out_console.print(f"{name}={shlex.quote(redact(name, value))}", markup=False)
-    out_console.print(f"\n# files written before launch", markup=False)
+    out_console.print("\n# files written before launch", markup=False)
     for path in launch_plan.files:
         out_console.print(str(path), markup=False)
-    table = Table("launcher flag", "value", "source", title=f"settings (NVRx {launch_plan.nvrx_version}, series {launch_plan.nvrx_series})")
+    out_console.print(f"\n# where each setting came from (NVRx {launch_plan.nvrx_version}, series {launch_plan.nvrx_series})",
+                      markup=False)
+    width = max(len(f"{flag} {value}") for flag, value, _ in launch_plan.settings)
     for flag, value, source in launch_plan.settings:
-        table.add_row(flag, value, source)
-    out_console.print(table)
+        out_console.print(f"{flag} {value}".ljust(width) + f"  <- {source}", markup=False)
     for note in launch_plan.notes:
         out_console.print(f"note: {note}", markup=False)

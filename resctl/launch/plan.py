@@ -101,10 +101,9 @@ def plan(
     add("--nnodes", rendezvous.nnodes or launch.nnodes, "launch.nnodes",
         f"rendezvous ({rendezvous.source})" if rendezvous.nnodes else None)
     add("--nproc-per-node", launch.nproc_per_node, "launch.nproc_per_node")
-    node_rank = launch.node_rank if launch.node_rank is not None else rendezvous.node_rank
-    if node_rank is not None:
-        add("--node-rank", str(node_rank), "launch.node_rank",
-            None if launch.node_rank is not None else f"rendezvous ({rendezvous.source})")
+    if launch.node_rank is not None:
+        # c10d ignores it (the rendezvous assigns ranks); passed because the user asked, as torchrun does.
+        add("--node-rank", str(launch.node_rank), "launch.node_rank")
     add("--rdzv-backend", launch.rdzv_backend, "launch.rdzv_backend")
     add("--rdzv-endpoint", rendezvous.endpoint, "launch.rdzv_endpoint", f"rendezvous ({rendezvous.source})")
     add("--rdzv-id", run_id, "launch.rdzv_id", f"rendezvous ({rendezvous.source})")
@@ -112,7 +111,8 @@ def plan(
     if rendezvous.is_host is not None and "is_host" not in conf:
         conf["is_host"] = "1" if rendezvous.is_host else "0"
     if conf:
-        add("--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items()), "launch.rdzv_conf")
+        add("--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items()), "launch.rdzv_conf",
+            None if launch.rdzv_conf else f"rendezvous ({rendezvous.source})")
     if launch.master_addr:
         add("--master-addr", launch.master_addr, "launch.master_addr")
     if launch.master_port is not None:
@@ -187,6 +187,9 @@ def plan(
         args.extend([target.script, *target.args])
 
     env = {k: v for k, v in launch.env.items()}
+    node_rank = launch.node_rank if launch.node_rank is not None else rendezvous.node_rank
+    if node_rank is not None and series != "0.4" and "GROUP_RANK" not in user_env:
+        env["GROUP_RANK"] = str(node_rank)  # 0.6+'s barrier rendezvous orders nodes by it
     env["RESCTL_RUN_DIR"] = str(run_dir)
     env["RESCTL_PLAN"] = str(run_dir / PLAN_FILE)
     if inproc.enabled:

@@ -68,7 +68,8 @@ class Heartbeats:
         self.events = events
         self.client: Any = None
         self.user_owns = False
-        self._lock = threading.Lock()
+        self._own: Any = None
+        self._lock = threading.RLock()
 
     @property
     def available(self) -> bool:
@@ -80,9 +81,12 @@ class Heartbeats:
         from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
         with self._lock:
-            client = RankMonitorClient()
+            self._own = client = RankMonitorClient()
             client.init_workload_monitoring()
             self.client = client
+
+    def is_own(self, client: Any) -> bool:
+        return client is self._own
 
     def beat(self) -> None:
         client = self.client
@@ -184,10 +188,10 @@ class Shim:
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
-        import torch
         import torch.distributed as dist
+        from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        torch.optim.optimizer.register_optimizer_step_post_hook(self.on_optimizer_step)
+        register_optimizer_step_post_hook(self.on_optimizer_step)
         original_init = dist.init_process_group
         shim = self
 
@@ -212,7 +216,7 @@ class Shim:
         heartbeats = self.heartbeats
 
         def init_workload_monitoring(client: Any) -> None:
-            if client is not heartbeats.client:
+            if not heartbeats.is_own(client):
                 heartbeats.yield_to_user()
             original(client)
 
@@ -221,10 +225,18 @@ class Shim:
     def _configure_checkpoint(self) -> None:
         from resctl import checkpoint
 
-        self.checkpointer = checkpoint.Checkpointer.from_section(
-            self.profile.checkpoint, events=self.events, heartbeat=self.heartbeats.beat, on_resume=self.on_resume
+        ckpt = checkpoint.Checkpointer.from_section(
+            self.profile.checkpoint, events=self.events, heartbeat=self.heartbeats.beat,
         )
-        checkpoint.set_default(self.checkpointer)
+        load = ckpt.load
+
+        def load_and_record(state: Any) -> int:
+            step = load(state)
+            self.on_resume(step)
+            return step
+
+        ckpt.load = load_and_record  # type: ignore[method-assign]
+        self.checkpointer = checkpoint.set_default(ckpt)
         if self.profile.checkpoint.intercept_torch_save:
             from resctl.checkpoint import intercept
 
@@ -265,8 +277,8 @@ def main(argv: list[str]) -> int:
     if profile.faults.schedule and shim.rank == 0:
         print("resctl: FAULT DRILL ON: " + ", ".join(f"{f.kind}@{f.step}:{f.rank}" for f in profile.faults.schedule),
               file=sys.stderr, flush=True)
-    shim.install()
     try:
+        shim.install()
         if profile.inprocess.enabled:
             from resctl.shim.inprocess import run_wrapped
 
