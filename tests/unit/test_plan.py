@@ -1,0 +1,121 @@
+"""The launch plan: golden argv per example profile and NVRx series, checked against the real parsers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from resctl.errors import UsageError
+from resctl.launch.plan import Target, plan, redact
+from resctl.launch.rendezvous import Rendezvous, detect
+from resctl.profile.load import resolve
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "fixtures" / "golden"
+OPTIONS = REPO / "tests" / "fixtures" / "nvrx"
+PROFILES = sorted((REPO / "examples" / "profiles").glob("*.toml"))
+VERSIONS = ["0.4.1", "0.7.0"]
+RDZV = Rendezvous(endpoint="train-0.svc:29500", run_id="job-1234", standalone=False, node_rank=0, nnodes=None,
+                  is_host=True, source="explicit", notes=())
+CWD = Path("/work/job")
+
+
+def make(profile: Path | None, version: str, sets: tuple[str, ...] = (), target: Target | None = None):
+    resolved = resolve(profile, env={}, sets=sets, cwd=Path("/nonexistent"))
+    return plan(resolved, target or Target("train.py", ("--lr", "3e-4")), RDZV, version, user_env={}, cwd=CWD)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.stem)
+def test_golden_argv(profile: Path, version: str) -> None:
+    got = make(profile, version).args
+    golden = GOLDEN / f"{profile.stem}-nvrx{version}.json"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(json.dumps(got, indent=1) + "\n")
+    assert got == json.loads(golden.read_text()), f"argv changed; UPDATE_GOLDEN=1 rewrites {golden.name} if intended"
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.stem)
+def test_041_argv_is_accepted_by_the_installed_launcher(profile: Path) -> None:
+    from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
+
+    ns = get_args_parser().parse_args(make(profile, "0.4.1").args)
+    assert ns.training_script == "resctl.shim" and ns.module
+    assert ns.training_script_args == ["train.py", "--lr", "3e-4"]
+    assert ns.rdzv_id == "job-1234"
+
+
+@pytest.mark.parametrize("version", ["0.6.0", "0.7.0"])
+def test_newer_argv_uses_only_options_that_version_has(version: str) -> None:
+    known = set(OPTIONS.joinpath(f"ft_launcher-{version}-options.txt").read_text().split())
+    for profile in PROFILES:
+        args = make(profile, version, sets=("heartbeat.timeout=none",)).args
+        launcher_args = args[: args.index("--module") + 1]  # what follows belongs to the script
+        for arg in launcher_args:
+            if arg.startswith("--"):
+                assert arg in known, f"{arg} is not an ft_launcher {version} option"
+
+
+def test_aws_eks_defaults() -> None:
+    args = make(None, "0.4.1").args
+    pairs = dict(zip(args[::2], args[1::2]))
+    assert pairs["--ft-rank-heartbeat-timeout"] == "900"
+    assert pairs["--ft-initial-rank-heartbeat-timeout"] == "1200"
+    assert pairs["--monitor-interval"] == "5"
+
+
+def test_restart_policy_follows_version_and_inprocess() -> None:
+    def policy(version: str, *sets: str) -> str:
+        args = make(None, version, sets=sets).args
+        return args[args.index("--ft-restart-policy") + 1]
+
+    assert policy("0.4.1") == "any-failed"
+    assert policy("0.4.1", "inprocess.enabled=true") == "min-healthy"
+    assert policy("0.7.0", "inprocess.enabled=true") == "any-failed"
+    with pytest.raises(UsageError, match="min-healthy"):
+        make(None, "0.7.0", sets=('launch.restart_policy="min-healthy"',))
+
+
+def test_disabled_timeouts_per_series() -> None:
+    p04 = make(None, "0.4.1", sets=("heartbeat.timeout=none",))
+    assert "--ft-rank-heartbeat-timeout" not in p04.args
+    cfg = p04.args[p04.args.index("--ft-cfg-path") + 1]
+    assert p04.files[Path(cfg)] == "fault_tolerance:\n  rank_heartbeat_timeout: null\n"
+    p07 = make(None, "0.7.0", sets=("heartbeat.timeout=none",))
+    assert p07.args[p07.args.index("--ft-rank-heartbeat-timeout") + 1] == "none"
+
+
+def test_target_forms() -> None:
+    assert make(None, "0.4.1", target=Target("pkg.train", ("-x",), module=True)).args[-4:] == [
+        "resctl.shim", "--resctl-module", "pkg.train", "-x"]
+    no_py = make(None, "0.4.1", target=Target("./run.sh", ("a",), no_python=True))
+    assert no_py.args[-3:] == ["--no-python", "./run.sh", "a"] and "resctl.shim" not in no_py.args
+    assert any("without resctl.shim" in n for n in no_py.notes)
+
+
+def test_plan_hands_workers_the_resolved_profile() -> None:
+    p = make(None, "0.4.1", sets=("checkpoint.interval_steps=7",))
+    assert p.env["RESCTL_PLAN"] == str(CWD / "resctl-runs" / "job-1234" / "plan.json")
+    data = json.loads(p.files[Path(p.env["RESCTL_PLAN"])])
+    assert data["profile"]["checkpoint"]["interval_steps"] == 7 and data["run_id"] == "job-1234"
+
+
+def test_inprocess_env_respects_the_user() -> None:
+    resolved = resolve(None, env={}, sets=("inprocess.enabled=true",), cwd=Path("/nonexistent"))
+    p = plan(resolved, Target("t.py"), RDZV, "0.4.1", user_env={"NCCL_NVLS_ENABLE": "1"}, cwd=CWD)
+    assert p.env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0" and "NCCL_NVLS_ENABLE" not in p.env
+
+
+def test_secrets_are_redacted() -> None:
+    assert redact("HF_TOKEN", "abc") == "<redacted>"
+    assert redact("AWS_SECRET_ACCESS_KEY", "abc") == "<redacted>"
+    assert redact("FI_PROVIDER", "efa") == "efa"
+
+
+def test_standalone_runs_get_unique_ids_and_port_zero() -> None:
+    launch = resolve(None, env={}, cwd=Path("/nonexistent")).profile.launch
+    a, b = detect(launch, {}, "laptop"), detect(launch, {}, "laptop")
+    assert a.endpoint == b.endpoint == "127.0.0.1:0" and a.run_id != b.run_id and "none" not in a.run_id
