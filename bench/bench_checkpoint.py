@@ -192,7 +192,7 @@ def crc_gbps(threads: int, mb: int = 256) -> float:
 
 
 def engine(
-    state: dict[str, Any], root: Path, writers: int, repeats: int, device: str
+    state: dict[str, Any], root: Path, writers: int, repeats: int, device: str, verify: bool = False
 ) -> dict[str, Any]:
     log = MemoryLog()
     ck = Checkpointer(dir=root, async_=True, writers=writers, keep_last=1, rank=0, world_size=1, events=log)
@@ -205,6 +205,30 @@ def engine(
         t1 = time.perf_counter()
         ck.wait()  # so the next save's blocked time is not waiting for this one
         drained.append(time.perf_counter() - t1)
+    extra: dict[str, Any] = {}
+    if verify:
+        # Load the last checkpoint back (into CPU copies of the state's tensors) and compare bitwise.
+        from resctl.checkpoint import state as st
+
+        entries, _ = st.snapshot_entries(state)
+        live: list[torch.Tensor] = []
+        st.flatten(entries, live, {})
+        expect = [t.detach().cpu().clone() for t in live]
+        target: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        step = Checkpointer(dir=root, writers=writers, rank=0, world_size=1).load(target)
+        extra["load_s"] = round(time.perf_counter() - t0, 3)
+        got: list[torch.Tensor] = []
+        st.flatten({k: target.get(k) for k in entries}, got, {})
+        extra["load_step"] = step
+
+        def raw(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(-1).view(torch.uint8)
+
+        extra["bitwise_equal"] = len(got) == len(expect) and all(
+            a.dtype == b.dtype and a.shape == b.shape and torch.equal(raw(a), raw(b)) for a, b in zip(expect, got)
+        )
+        del expect, got, target
     ck.close()
     persist = [r["seconds"] for r in log.records if r["kind"] == "ckpt_persist"]
     size = [r["bytes"] for r in log.records if r["kind"] == "ckpt_persist"][0]
@@ -212,7 +236,7 @@ def engine(
     free_pinned()
     shutil.rmtree(root, ignore_errors=True)
     # The first save allocates (and on CUDA pins) the staging arena: reported apart.
-    return {"first_blocked": blocked[0], "blocked": blocked[1:], "persist": persist[1:], "bytes": size}
+    return {"first_blocked": blocked[0], "blocked": blocked[1:], "persist": persist[1:], "bytes": size, **extra}
 
 
 def torch_save(tensors: list[torch.Tensor], root: Path, repeats: int) -> list[float]:
@@ -422,8 +446,9 @@ def main() -> None:
         counts = list(dict.fromkeys(counts))
         out["engine"] = {}
         for w in counts:
-            r = engine(state, root / f"engine-{w}", w, args.repeats, args.device)
+            r = engine(state, root / f"engine-{w}", w, args.repeats, args.device, verify=w == args.writers)
             out["engine"][str(w)] = {
+                **{k: r[k] for k in ("load_s", "load_step", "bitwise_equal") if k in r},
                 "first_blocked_s": round(r["first_blocked"], 4),
                 "blocked_s": [round(x, 4) for x in r["blocked"]],
                 "persist_s": [round(x, 3) for x in r["persist"]],
