@@ -65,7 +65,10 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     env = {**os.environ, **launch_plan.env}
     child = subprocess.Popen(launcher_program() + launch_plan.args, env=env)
 
+    received: list[int] = []
+
     def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
         try:
             child.send_signal(signum)
         except ProcessLookupError:
@@ -79,7 +82,10 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
             signal.signal(sig, handler)
     if code < 0:  # the launcher itself died of a signal: report it the way a shell would
         code = 128 - code
-    if code != 0:
+    if code != 0 and received:
+        names = ", ".join(sorted({signal.Signals(s).name for s in received}))
+        on_event(f"resctl: stopped by {names} (forwarded to ft_launcher); exit {code}; run dir {launch_plan.run_dir}")
+    elif code != 0:
         from resctl.telemetry.summary import failure_summary
 
         for line in failure_summary(launch_plan.run_dir, code):

@@ -95,3 +95,18 @@ def test_two_nodes_rendezvous_over_loopback(tmp_path: Path, reference: Path) -> 
     ranks = {e["rank"] for i in range(2) for e in events(tmp_path / f"node{i}") if e["kind"] == "start"}
     assert ranks == {0, 1}
     assert_same_weights(tmp_path / "two-final.pt", reference)
+
+
+def test_sigterm_is_forwarded_and_the_job_stops(tmp_path: Path) -> None:
+    proc = start(snapshot_job(tmp_path, "term", steps=100000), cwd=tmp_path)
+    run_dir = tmp_path / "term"
+    wait_for(lambda: last_step(run_dir, 1) >= 5, 120, "rank 1 to reach step 5", proc)
+    pids = [worker_pid(run_dir, rank=r) for r in (0, 1)]
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, timeout=60)
+    assert code != 0 and "stopped by SIGTERM" in out
+    assert sum(e["kind"] == "fault" and e.get("cause") == "sigterm" for e in events(run_dir)) == 2
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
