@@ -67,3 +67,22 @@ def worker_pid(run_dir: Path, rank: int, cycle: int = 0) -> Optional[int]:
 def last_step(run_dir: Path, rank: int, cycle: int = 0) -> int:
     steps = [e["step"] for e in events(run_dir) if e["kind"] == "step" and e["rank"] == rank and e["cycle"] == cycle]
     return max(steps, default=0)
+
+
+SNAPSHOT_SCRIPT = str(EXAMPLES / "train_snapshot.py")
+
+
+def snapshot_job(tmp_path: Path, name: str, steps: int = 40, extra: tuple[str, ...] = ()) -> list[str]:
+    """`resctl run` arguments for the unmodified torchrun-style example, 2 workers on this host."""
+    return ["-p", str(LOCAL_PROFILE), "--nproc-per-node", "2", "--run-dir", str(tmp_path / name), *extra,
+            SNAPSHOT_SCRIPT, "--steps", str(steps), "--step-time", "0.05",
+            "--snapshot", str(tmp_path / f"{name}-snapshot.pt"), "--out", str(tmp_path / f"{name}-final.pt")]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    import torch
+
+    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key

@@ -7,34 +7,13 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, wait_for, worker_pid
+from tests.integration.jobs import (
+    EXAMPLES, LOCAL_PROFILE, assert_same_weights, events, finish, last_step, snapshot_job, start, wait_for, worker_pid,
+)
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(EXAMPLES / "train_snapshot.py")
-
-
-def snapshot_job(tmp_path: Path, name: str, steps: int = 40, extra: tuple[str, ...] = ()) -> list[str]:
-    return ["-p", str(LOCAL_PROFILE), "--nproc-per-node", "2", "--run-dir", str(tmp_path / name), *extra,
-            SCRIPT, "--steps", str(steps), "--step-time", "0.05",
-            "--snapshot", str(tmp_path / f"{name}-snapshot.pt"), "--out", str(tmp_path / f"{name}-final.pt")]
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        assert torch.equal(wa[key], wb[key]), key
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fault-free run every recovered run must match bit for bit."""
-    tmp = tmp_path_factory.mktemp("reference")
-    code, out = finish(start(snapshot_job(tmp, "ref"), cwd=tmp))
-    assert code == 0, out[-3000:]
-    return tmp / "ref-final.pt"
 
 
 def test_unmodified_script_survives_an_outside_sigkill(tmp_path: Path, reference: Path) -> None:
