@@ -33,6 +33,7 @@ FLAG_KEYS = {
     "redirects": "launch.redirects",
     "tee": "launch.tee",
     "run_dir": "launch.run_dir",
+    "metrics_port": "launch.metrics_port",
 }
 
 Opt = typer.Option
@@ -64,6 +65,7 @@ def run(
     module: Annotated[bool, Opt("-m", "--module", help="Run SCRIPT as a module (python -m).")] = False,
     no_python: Annotated[bool, Opt("--no-python", "--no_python", help="Run SCRIPT as a program, not with python.")] = False,
     run_dir: Annotated[Optional[str], Opt("--run-dir", help="Run directory for events and summaries ({run_id} expands).")] = None,
+    metrics_port: Annotated[Optional[int], Opt("--metrics-port", help="Serve Prometheus metrics on this port.")] = None,
 ) -> None:
     """Start SCRIPT on every worker under NVRx ft_launcher, with resctl's profile and shim."""
     from resctl.cli.render import info
@@ -77,7 +79,7 @@ def run(
         "rdzv_endpoint": rdzv_endpoint, "rdzv_id": rdzv_id, "standalone": standalone, "max_restarts": max_restarts,
         "master_addr": master_addr, "master_port": master_port, "local_addr": local_addr,
         "monitor_interval": monitor_interval, "start_method": start_method, "log_dir": log_dir,
-        "redirects": redirects, "tee": tee, "run_dir": run_dir,
+        "redirects": redirects, "tee": tee, "run_dir": run_dir, "metrics_port": metrics_port,
     }
     flags = Layer("flags")
     for name, value in given.items():

@@ -62,6 +62,15 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     for note in launch_plan.notes:
         on_event(f"resctl: {note}")
     on_event(f"resctl: run {launch_plan.run_id} -> {launch_plan.run_dir}")
+    if launch_plan.metrics_port is not None:
+        import json
+
+        from resctl.launch.plan import PLAN_FILE
+        from resctl.telemetry.metrics import serve
+
+        plan_data = json.loads(launch_plan.files[launch_plan.run_dir / PLAN_FILE])
+        serve(launch_plan.run_dir, launch_plan.metrics_port, plan=plan_data)
+        on_event(f"resctl: metrics on :{launch_plan.metrics_port}/metrics")
     env = {**os.environ, **launch_plan.env}
     child = subprocess.Popen(launcher_program() + launch_plan.args, env=env)
 

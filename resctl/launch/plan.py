@@ -52,6 +52,7 @@ class LaunchPlan:
     nvrx_series: str
     settings: list[tuple[str, str, str]] = field(default_factory=list)  # (setting, value, source)
     notes: list[str] = field(default_factory=list)
+    metrics_port: int | None = None  # served by the resctl process, not passed to the launcher
 
     def command(self, program: Sequence[str] = ("ft_launcher",)) -> list[str]:
         return [*program, *self.args]
@@ -212,7 +213,10 @@ def plan(
             "FAULT DRILL ON: " + ", ".join(f"{f.kind}@step {f.step} rank {f.rank}" for f in p.faults.schedule)
             + f" ({src('faults.schedule')})"
         )
-    return LaunchPlan(args, env, files, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes)
+    if launch.metrics_port is not None:
+        settings.append(("(resctl) metrics port", str(launch.metrics_port), src("launch.metrics_port")))
+    return LaunchPlan(args, env, files, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
+                      metrics_port=launch.metrics_port)
 
 
 def describe_duration(seconds: float | None) -> str:

@@ -89,3 +89,23 @@ def test_sigterm_is_forwarded_and_the_job_stops(tmp_path: Path) -> None:
         assert pid is not None
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_metrics_are_served_while_the_job_runs(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start(snapshot_job(tmp_path, "metrics", steps=100000, extra=("--metrics-port", str(port))), cwd=tmp_path)
+    run_dir = tmp_path / "metrics"
+    try:
+        wait_for(lambda: last_step(run_dir, 0) >= 10, 120, "rank 0 to reach step 10", proc)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        steps = next(float(line.split()[-1]) for line in body.splitlines() if line.startswith("resctl_steps_total"))
+        assert 10 <= steps <= last_step(run_dir, 0)
+        assert "resctl_launcher_cycle 0.0" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        finish(proc, timeout=60)
