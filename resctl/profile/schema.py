@@ -75,6 +75,9 @@ class Launch(Section):
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment for the launcher and every worker (e.g. FI_PROVIDER = \"efa\")."
     )
+    metrics_port: Optional[int] = Field(
+        None, ge=0, le=65535, description="Serve Prometheus metrics of the run on this port (resctl run process)."
+    )
     use_shim: bool = Field(True, description="Start workers through resctl.shim (heartbeats, checkpoints, restarts).")
     nvrx_version: str = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
 
@@ -144,15 +147,30 @@ class Checkpoint(Section):
 
 
 class Doctor(Section):
-    """What `resctl doctor` expects of a node."""
+    """What `resctl doctor` expects of a node; unset keys take the instance type's defaults."""
 
-    instance_type: str = Field("", description="Known instance type for defaults (e.g. p5.48xlarge); empty: none.")
+    instance_type: str = Field(
+        "", description="Instance type whose defaults apply (p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p4d.24xlarge, "
+        "p4de.24xlarge); empty: the node's DMI product name."
+    )
     gpus: Optional[int] = Field(None, ge=0, description="Expected GPUs on the node.")
+    gpu_model: str = Field("", description="Text the GPU name must contain (e.g. H100); empty: any model.")
     nvlinks_per_gpu: Optional[int] = Field(None, ge=0, description="Expected active NVLinks per GPU.")
     efa_devices: Optional[int] = Field(None, ge=0, description="Expected EFA/InfiniBand devices.")
     min_storage_gbps: Optional[float] = Field(None, ge=0, description="Minimum checkpoint-dir write throughput in GB/s.")
-    checkpoint_size_gb: Optional[float] = Field(None, ge=0, description="Expected checkpoint size per node in GB.")
+    checkpoint_size_gb: Optional[float] = Field(
+        None, ge=0, description="Checkpoint size per node in GB: sets the free space, host memory and throughput needed."
+    )
+    checkpoint_every: OptionalDuration = Field(
+        None, description="Wall time between checkpoints; with checkpoint_size_gb, a write must finish within it."
+    )
     min_shm_gb: float = Field(1.0, ge=0, description="Minimum /dev/shm size in GB.")
+    storage_test_mb: int = Field(
+        1024, ge=0, description="Data the storage probe writes, fsyncs and reads back (MB); 0 skips the throughput test."
+    )
+    timeout: Duration = Field(
+        10.0, gt=0, description="Time one probe may take before it counts as hung (storage and --deep get 6x)."
+    )
 
 
 class Fault(Section):
