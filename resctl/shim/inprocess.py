@@ -2,30 +2,87 @@
 healthy rank re-runs the script from the top in the same interpreter.
 
 Stores and ports. ft_launcher gives each cycle a fresh free `MASTER_PORT` on the rank-0 node.
-The shim hosts one application TCPStore there (rank 0) for the whole process; the wrapper's own
-store binds an OS-chosen port on rank 0, published through the application store, so it can
-collide neither with the launcher's rendezvous port nor with another job on the host. The
-script's `init_process_group()` (env://, no store) is given `PrefixStore("resctl/<cycle>/<iteration>",
-app_store)`: a fresh process group per restart iteration, without the script knowing.
+The shim hosts one *application* TCPStore there (rank 0) for the whole process. The wrapper's own
+store needs a second port: rank 0 picks a free one (bind to port 0) and publishes it through the
+application store, so it collides neither with the launcher's rendezvous port nor with another
+job on the host. The port is passed to the wrapper as a plain number in `store_kwargs`, because
+NVRx *forks* a monitor process per rank that builds its own store from the same kwargs (rank 0's
+monitor tries to host, finds the port taken by its parent and connects as a client — NVRx's
+design). A store object in the kwargs would be shared across the fork; a factory that chose the
+port itself would pick a second one in the monitor.
+
+Process groups. The script's plain `init_process_group()` (env://, no store) is given
+`PrefixStore("resctl/<cycle>/<iteration>", app_store)`: a fresh process group per restart
+iteration, without the script knowing.
+
+Aborting gloo. NVRx's `AbortTorchDistributed` aborts NCCL communicators and destroys the
+process groups, but a gloo collective blocked in a peer's recv is not woken by either (nor by
+`ProcessGroupGloo.abort()`): on CPU a healthy rank waiting for the faulted one would sit until the
+gloo timeout or NVRx's hard timeout kills it. `AbortGloo` records the connected TCP sockets each
+`init_process_group`/`new_group` creates and `shutdown()`s them; the blocked collective then fails
+at once ("Connection closed by peer"), the main thread returns to Python and the wrapper's
+asynchronous RankShouldRestart is delivered. Listening sockets are left alone (gloo's listener
+thread aborts the process if its socket is shut down under it).
+
+Progress. The shim pings the wrapper's progress watchdog on every optimizer step (and from the
+checkpoint heartbeat). That starts NVRx's *manual* progress timestamp, so a rank that stops making
+optimizer steps is caught by `soft_timeout` even when its main thread keeps running Python (a
+loop of short sleeps, a retry loop) — which the automatic timestamp (a `Py_AddPendingCall`
+callback) alone would take for progress. See docs/recovery.md.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import socket
 from typing import TYPE_CHECKING, Any
 
+from resctl.errors import UsageError
+
 if TYPE_CHECKING:
+    from resctl.profile.schema import InProcess
     from resctl.shim.runtime import Shim, Target
 
-PORT_KEY = "resctl/wrapper_store_port"
+log = logging.getLogger("resctl.shim")
+
+PORT_KEY = "resctl/wrapper_store_port/{cycle}"
 
 
 def _seconds(value: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=value)
 
 
+def check_settings(cfg: "InProcess") -> None:
+    """Raise `UsageError` naming the keys when NVRx 0.4.1's Wrapper would reject the timeouts.
+
+    The profile schema checks soft < hard < barrier and monitor_interval < soft; NVRx also
+    asserts (with a bare ValueError) heartbeat_timeout < barrier_timeout and
+    monitor_interval < heartbeat_timeout, and progress_interval < soft_timeout.
+    """
+    problems = []
+    if not cfg.soft_timeout < cfg.hard_timeout < cfg.barrier_timeout:
+        problems.append("inprocess.soft_timeout < inprocess.hard_timeout < inprocess.barrier_timeout")
+    if not cfg.heartbeat_timeout < cfg.barrier_timeout:
+        problems.append("inprocess.heartbeat_timeout < inprocess.barrier_timeout")
+    if not cfg.monitor_interval < cfg.heartbeat_timeout:
+        problems.append("inprocess.monitor_interval < inprocess.heartbeat_timeout")
+    if not cfg.monitor_interval < cfg.soft_timeout:
+        problems.append("inprocess.monitor_interval < inprocess.soft_timeout")
+    if not cfg.progress_interval < cfg.soft_timeout:
+        problems.append("inprocess.progress_interval < inprocess.soft_timeout")
+    if problems:
+        raise UsageError(
+            "NVRx inprocess.Wrapper needs " + "; ".join(problems) + " (got soft "
+            f"{cfg.soft_timeout:g}s, hard {cfg.hard_timeout:g}s, barrier {cfg.barrier_timeout:g}s, heartbeat "
+            f"{cfg.heartbeat_timeout:g}s, monitor interval {cfg.monitor_interval:g}s, progress interval "
+            f"{cfg.progress_interval:g}s). Adjust these keys in the profile's [inprocess] section."
+        )
+
+
 def app_store() -> Any:
+    """The shim's TCPStore on MASTER_PORT (hosted by rank 0), kept for the whole process."""
     import torch.distributed as dist
 
     rank = int(os.environ["RANK"])
@@ -35,45 +92,125 @@ def app_store() -> Any:
     )
 
 
-def wrapper_store_factory() -> type:
+def free_port(host: str) -> int:
+    """A port that is free on `host` now (the OS picks it; the wrapper binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, 0))
+        except OSError:  # MASTER_ADDR may be a name of this host that does not resolve to a local address
+            s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def wrapper_store_port(app: Any, rank: int, cycle: int) -> int:
+    """Rank 0 chooses the wrapper store's port and publishes it; the others read it."""
+    key = PORT_KEY.format(cycle=cycle)
+    if rank == 0:
+        port = free_port(os.environ.get("MASTER_ADDR", ""))
+        app.set(key, str(port))
+        return port
+    return int(app.get(key))
+
+
+def _socket_inodes() -> dict[int, str]:
+    """fd -> 'socket:[inode]' for this process's sockets (Linux /proc; empty elsewhere)."""
+    out: dict[int, str] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out[int(name)] = link
+    return out
+
+
+class GlooSockets:
+    """The TCP connections created by process-group constructors, so an abort can cut them."""
+
+    def __init__(self) -> None:
+        self._owned: dict[int, str] = {}
+
+    def track(self, create: Any) -> Any:
+        """Wrap a process-group constructor: sockets that appear while it runs are recorded."""
+
+        def tracked(*args: Any, **kwargs: Any) -> Any:
+            before = _socket_inodes()
+            try:
+                return create(*args, **kwargs)
+            finally:
+                for fd, link in _socket_inodes().items():
+                    if before.get(fd) != link:
+                        self._owned[fd] = link
+
+        tracked.__wrapped__ = create  # type: ignore[attr-defined]
+        return tracked
+
+    def cut(self) -> int:
+        """shutdown(SHUT_RDWR) every recorded connection still open; return how many."""
+        cut = 0
+        owned, self._owned = self._owned, {}
+        for fd, link in owned.items():
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") != link:
+                    continue  # closed, and the fd number reused by something else
+                sock = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            try:
+                # TCP only: the launcher's rank-monitor IPC (a unix socket) may connect meanwhile.
+                if sock.family in (socket.AF_INET, socket.AF_INET6) and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    cut += 1
+            except OSError:
+                pass  # not connected (any more)
+            finally:
+                sock.close()  # closes our dup only; the library still owns fd
+        return cut
+
+
+def gloo_abort(sockets: GlooSockets) -> Any:
+    """An NVRx Abort: cut gloo connections (wakes blocked collectives), then NVRx's own abort."""
     from nvidia_resiliency_ext import inprocess
 
-    class PublishedPortStore(inprocess.store.TCPStore):  # type: ignore[misc, name-defined]
-        """The wrapper's store on a free port that rank 0 chooses and publishes."""
+    class AbortGloo(inprocess.abort.AbortTorchDistributed):  # type: ignore[misc, name-defined]
+        def __call__(self, state: Any) -> Any:
+            sockets.cut()
+            return super().__call__(state)
 
-        def __init__(self, app: Any, **kwargs: Any) -> None:
-            if int(os.environ["RANK"]) == self.TCP_STORE_HOST_RANK:
-                super().__init__(port=0, **kwargs)
-                app.set(PORT_KEY, str(self.port))
-            else:
-                super().__init__(port=int(app.get(PORT_KEY)), **kwargs)
-
-    return PublishedPortStore
+    return AbortGloo()
 
 
-def build_wrapper(shim: "Shim", app: Any) -> Any:
+def build_wrapper(shim: "Shim", port: int, sockets: GlooSockets | None = None) -> Any:
+    """An `inprocess.Wrapper` configured from the profile's `[inprocess]` section."""
     from nvidia_resiliency_ext import inprocess
 
     cfg = shim.profile.inprocess
-    health = None
+    check_settings(cfg)
+    checks: list[Any] = []
     if cfg.health_check:
         import torch
 
-        checks = []
         if torch.cuda.is_available():
             checks.append(inprocess.health_check.CudaHealthCheck(timeout=_seconds(min(30.0, cfg.soft_timeout))))
-        if cfg.max_rank_faults is not None:
-            checks.append(inprocess.health_check.FaultCounter(max_rank_faults=cfg.max_rank_faults))
-        health = inprocess.Compose(*checks) if len(checks) > 1 else (checks[0] if checks else None)
-    elif cfg.max_rank_faults is not None:
-        health = inprocess.health_check.FaultCounter(max_rank_faults=cfg.max_rank_faults)
+    if cfg.max_rank_faults is not None:
+        checks.append(inprocess.health_check.FaultCounter(max_rank_faults=cfg.max_rank_faults))
+    health = inprocess.Compose(*checks) if len(checks) > 1 else (checks[0] if checks else None)
     logfile = None
     if shim.run_dir is not None:
-        logfile = str((shim.run_dir / "logs" / "inprocess-monitor-rank{rank}.log").absolute())
+        logfile = str((shim.run_dir / "logs" / f"inprocess-monitor-cycle{shim.cycle}-rank{{rank}}.log").absolute())
         os.makedirs(os.path.dirname(logfile), exist_ok=True)
     return inprocess.Wrapper(
-        store_factory=wrapper_store_factory(),
-        store_kwargs={"app": app, "timeout": _seconds(cfg.barrier_timeout)},
+        store_factory=inprocess.store.TCPStore,
+        abort=gloo_abort(sockets) if sockets is not None else inprocess.abort.AbortTorchDistributed(),
+        store_kwargs={
+            "host_name": os.environ["MASTER_ADDR"], "port": port, "timeout": _seconds(cfg.barrier_timeout),
+        },
         initialize=inprocess.initialize.RetryController(
             max_iterations=cfg.max_iterations, min_world_size=cfg.min_world_size,
         ),
@@ -94,42 +231,61 @@ def build_wrapper(shim: "Shim", app: Any) -> Any:
 
 
 def run_wrapped(shim: "Shim", target: "Target") -> None:
+    """Run `target` under the wrapper until it completes on every rank (or the wrapper gives up,
+    which raises and so hands over to the launcher's in-job restart)."""
     import torch.distributed as dist
     from nvidia_resiliency_ext import inprocess
+    from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
 
+    rank = int(os.environ["RANK"])
     app = app_store()
-    wrapper = build_wrapper(shim, app)
-    patched_init = dist.init_process_group
-    state: dict[str, Any] = {"iteration": 0}
+    sockets = GlooSockets()
+    wrapper = build_wrapper(shim, wrapper_store_port(app, rank, shim.cycle), sockets)
+    patched_init = sockets.track(dist.init_process_group)
+    original_new_group = dist.new_group
+    dist.new_group = sockets.track(original_new_group)
+    current: dict[str, Any] = {"iteration": 0}
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        # A script's plain init_process_group() gets this iteration's fresh store.
+        # A script's plain init_process_group() gets this iteration's fresh store. RANK and
+        # WORLD_SIZE are read now: the wrapper may have renumbered ranks for this iteration.
         if kwargs.get("store") is None and kwargs.get("init_method") in (None, "env://"):
             kwargs.pop("init_method", None)
-            kwargs["store"] = dist.PrefixStore(f"resctl/{shim.cycle}/{state['iteration']}", app)
-            kwargs.setdefault("rank", int(os.environ["RANK"]))
-            kwargs.setdefault("world_size", int(os.environ["WORLD_SIZE"]))
+            kwargs["store"] = dist.PrefixStore(f"resctl/{shim.cycle}/{current['iteration']}", app)
+            kwargs["rank"] = int(os.environ["RANK"])
+            kwargs["world_size"] = int(os.environ["WORLD_SIZE"])
         return patched_init(*args, **kwargs)
 
+    init_process_group.__wrapped__ = patched_init  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
 
-    def iteration(call_wrapper: Any) -> None:
-        state["iteration"] = call_wrapper.iteration
+    def iteration(call_wrapper: Any = None) -> None:
+        current["iteration"] = call_wrapper.iteration
         shim.events.iteration = call_wrapper.iteration
+        shim.progress = call_wrapper.ping
         if call_wrapper.iteration > 0:
             shim.events.emit("restart", layer="inprocess", step=shim.step)
-            if shim.checkpointer is not None:
-                shim.checkpointer.reset_after_fault()
+            shim.settle_checkpoint()
         try:
             shim.run_target(target)
         except SystemExit as exit_:
             if exit_.code not in (None, 0):
                 raise
+        except RankShouldRestart:
+            raise  # another rank's fault (or our hang): the restart event of the next iteration says it
         except BaseException as err:
-            shim.events.emit("fault", cause="exception", injected=type(err).__name__ == "InjectedFault",
-                             step=shim.step, error=f"{type(err).__name__}: {err}")
+            if type(err).__name__ != "InjectedFault":  # injected ones were recorded when fired
+                shim.events.emit("fault", cause="exception", injected=False, step=shim.step,
+                                 error=f"{type(err).__name__}: {err}")
             raise
+        finally:
+            shim.progress = None
 
-    # NVRx passes the CallWrapper to a parameter annotated with its class (a real class, not a string).
+    # NVRx passes the CallWrapper to a parameter annotated with its class (a real class, not the
+    # string `from __future__ import annotations` makes); signature.bind runs first, hence the default.
     iteration.__annotations__ = {"call_wrapper": inprocess.CallWrapper, "return": None}
-    wrapper(iteration)()
+    try:
+        wrapper(iteration)()
+    finally:
+        dist.init_process_group = patched_init.__wrapped__
+        dist.new_group = original_new_group

@@ -69,6 +69,7 @@ class Heartbeats:
         self.client: Any = None
         self.user_owns = False
         self._own: Any = None
+        self._warned = False
         self._lock = threading.RLock()
 
     @property
@@ -89,10 +90,18 @@ class Heartbeats:
         return client is self._own
 
     def beat(self) -> None:
+        """Send a heartbeat; a lost monitor connection is reported once, never raised into the
+        training step (the launcher notices a dead monitor itself)."""
         client = self.client
-        if client is not None:
-            with self._lock:
+        if client is None:
+            return
+        with self._lock:
+            try:
                 client.send_heartbeat()
+            except Exception as err:  # noqa: BLE001
+                if not self._warned:
+                    self._warned = True
+                    print(f"resctl: heartbeat to the rank monitor failed: {err}", file=sys.stderr, flush=True)
 
     def yield_to_user(self) -> None:
         with self._lock:
@@ -125,6 +134,8 @@ class Shim:
         self._last_step_t = time.monotonic()
         self.sigterm_at: Optional[float] = None
         self.checkpointer: Any = None
+        #: The in-process wrapper's progress ping for the running iteration (None without one).
+        self.progress: Optional[Callable[[], None]] = None
 
     # -- hooks -------------------------------------------------------------------------------
     def on_optimizer_step(self, *_: Any) -> None:
@@ -135,8 +146,33 @@ class Shim:
         if self.heartbeats.client is None:
             self.heartbeats.connect()
         self.heartbeats.beat()
+        self.ping()
         if self.faults:
             self.fire_faults(self.step)
+
+    def ping(self) -> None:
+        """Tell the in-process wrapper's progress watchdog that training is progressing."""
+        progress = self.progress
+        if progress is not None:
+            try:
+                progress()
+            except Exception:  # the wrapper may be between iterations; progress is best effort
+                pass
+
+    def checkpoint_beat(self) -> None:
+        """Heartbeat for the checkpoint engine (before/after saves, during long writes)."""
+        self.heartbeats.beat()
+        self.ping()
+
+    def settle_checkpoint(self) -> None:
+        """After an in-process fault: let the previous iteration's write finish; a failed one was
+        never published, so it is only reported (the script's `load` takes the newest valid one)."""
+        if self.checkpointer is None:
+            return
+        try:
+            self.checkpointer.wait()
+        except Exception as err:  # noqa: BLE001 - CheckpointError: nothing to undo
+            print(f"resctl: after restart: {err}", file=sys.stderr, flush=True)
 
     def fire_faults(self, step: int) -> None:
         for kind in ("exception", "sigkill", "hang", "checkpoint_exception"):
@@ -149,10 +185,23 @@ class Shim:
             if kind == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if kind == "hang":
-                while True:  # short sleeps, so an in-process watchdog can still interrupt the rank
-                    time.sleep(0.05)
+                self.hang()
             if kind == "checkpoint_exception" and self.checkpointer is not None:
                 self.checkpointer.fail_next_write(f"resctl fault drill: checkpoint write failure at step {step}")
+
+    def hang(self) -> None:
+        """The `hang` drill: stop making optimizer steps forever, in short sleeps.
+
+        Both layers see it. The launcher's rank monitor gets no heartbeat (they come from optimizer
+        steps) and kills the rank after `heartbeat.timeout`. NVRx's progress watchdog gets no ping
+        (also per optimizer step), so `inprocess.soft_timeout` fires; because the main thread keeps
+        returning to the interpreter between sleeps, the wrapper's asynchronous RankShouldRestart is
+        delivered at once and the rank restarts in-process. One long `time.sleep()` would also stop
+        the watchdog's automatic timestamps, but could not be interrupted before `hard_timeout`,
+        which kills the process (see docs/recovery.md).
+        """
+        while True:
+            time.sleep(0.05)
 
     def on_resume(self, step: int) -> None:
         self.step = step
@@ -174,8 +223,11 @@ class Shim:
         os._exit(EXIT_SIGTERM)
 
     def _exit_after_grace(self) -> None:
+        # Exit as soon as the final save at the next step boundary is durable (training must not
+        # go on past it), or when the grace period is over if the loop never gets there.
         assert self.sigterm_at is not None
-        time.sleep(max(0.0, self.sigterm_at + self.profile.checkpoint.sigterm_grace - time.monotonic()))
+        remaining = max(0.0, self.sigterm_at + self.profile.checkpoint.sigterm_grace - time.monotonic())
+        self.checkpointer.final_done.wait(remaining)
         try:
             self.checkpointer.wait()
         finally:
@@ -226,7 +278,7 @@ class Shim:
         from resctl import checkpoint
 
         ckpt = checkpoint.Checkpointer.from_section(
-            self.profile.checkpoint, events=self.events, heartbeat=self.heartbeats.beat,
+            self.profile.checkpoint, events=self.events, heartbeat=self.checkpoint_beat,
         )
         load = ckpt.load
 

@@ -1,0 +1,99 @@
+"""Deterministic data-parallel CPU training with `resctl.checkpoint` — the recovery drills' workload.
+
+Runs three ways, unchanged:
+
+    python examples/train_ckpt.py --steps 50 --out final.pt                  # one process, no resctl
+    torchrun --nproc-per-node 2 examples/train_ckpt.py --out final.pt        # plain torchrun (gloo)
+    resctl run -p examples/profiles/local-cpu.toml examples/train_ckpt.py --out final.pt
+
+Everything that decides the result is a pure function of its inputs: parameters come from a fixed
+seed, the batch of a step is generated from `(step, rank)` alone, the model has no randomness
+(no dropout) and gloo reduces in a fixed order for a fixed world size. So a run that was killed,
+restarted and resumed from its newest checkpoint ends with a model *and* Adam state bitwise equal
+to a run that never failed — which is what tests/integration/test_recovery.py checks.
+
+Checkpoints: `resctl.checkpoint.load(state)` restores the newest valid checkpoint (0 when none),
+`maybe_save(state, step)` runs after every step (the profile's `checkpoint.interval_steps` decides),
+`wait()` makes the last write durable. Under `resctl run` the shim configures the checkpointer from
+the profile; without resctl, `--ckpt-dir` / `--save-every` configure it here.
+
+`--out PATH` (rank 0) writes `{"model": ..., "optim": ..., "step": N}` with torch.save at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import resctl.checkpoint as checkpoint
+
+
+def batch(step: int, rank: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data of `step` on `rank`: a pure function of both, so a replayed step sees the same batch."""
+    g = torch.Generator().manual_seed(1_000_003 * step + rank)
+    x = torch.randn(16, width, generator=g)
+    return x, (x[:, : width // 2].sum(dim=1, keepdim=True)).tanh()
+
+
+def build_model(width: int) -> nn.Module:
+    torch.manual_seed(1234)
+    return nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, 1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=50, help="train until this optimizer step")
+    ap.add_argument("--width", type=int, default=8, help="model width (tiny by default)")
+    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--step-time", type=float, default=0.0, help="seconds of pretend compute per step")
+    ap.add_argument("--out", default="", help="rank 0 writes the final model+optimizer state here")
+    ap.add_argument("--ckpt-dir", default="", help="without resctl: checkpoint directory (default ./checkpoints)")
+    ap.add_argument("--save-every", type=int, default=0, help="without resctl: checkpoint interval in steps")
+    args = ap.parse_args()
+
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    if args.ckpt_dir or args.save_every:
+        # Only when asked: under resctl the shim has already configured the checkpointer from the profile.
+        checkpoint.configure(dir=args.ckpt_dir or "checkpoints", interval_steps=args.save_every or 100)
+
+    model = build_model(args.width)
+    net: nn.Module = nn.parallel.DistributedDataParallel(model) if distributed else model
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    state = {"model": model, "optim": opt}
+    start = checkpoint.load(state)
+    if start:
+        print(f"[rank {rank}] resumed from checkpoint step {start}", flush=True)
+
+    loss = torch.zeros(())
+    for step in range(start + 1, args.steps + 1):
+        x, y = batch(step, rank, args.width)
+        loss = nn.functional.mse_loss(net(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if args.step_time:
+            time.sleep(args.step_time)
+        checkpoint.maybe_save(state, step)
+        if rank == 0 and step % 10 == 0:
+            print(f"[rank 0] step {step} loss {loss.item():.6f}", flush=True)
+    checkpoint.wait()
+    if distributed:
+        dist.barrier()
+    if rank == 0 and args.out:
+        tmp = args.out + ".tmp"
+        torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": args.steps}, tmp)
+        os.replace(tmp, args.out)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Recovery drills end to end: real ft_launcher, real gloo workers, injected faults.
+
+A fault-free run of examples/train_ckpt.py is the reference; a run with five injected faults
+(exception, SIGKILL, hang, a failed checkpoint write, and a fault right after a restart) must end
+with a model *and* optimizer state bitwise equal to it and exit 0 — with in-process restart off
+(every fault is an in-job restart by ft_launcher) and on (exceptions, hangs and write failures
+restart in-process; the SIGKILL falls through to the launcher).
+
+Timeouts are short so the whole module runs in a few minutes on a 2-core box.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, wait_for
+
+pytestmark = pytest.mark.slow
+TRAIN = str(EXAMPLES / "train_ckpt.py")
+STEPS = 30
+
+# Steps are chosen against checkpoint.interval_steps = 5 (each fault replays from the last multiple
+# of 5), and so that "right after a restart" is real: the sigkill at 12 resumes from 10, and the
+# hang at 13 is the first new step after the replay. The checkpoint_exception at 17 fails the write
+# of step 20; the failure surfaces at the save of step 25 (rank 0 raises), which resumes from 15.
+FIVE_FAULTS = "exception@8:1,sigkill@12:0,hang@13:1,checkpoint_exception@17:0"
+SECOND_FAULT_AFTER_RESTART = "exception@14:0"
+
+IN_PROCESS = [
+    "inprocess.enabled=true", "inprocess.soft_timeout=5s", "inprocess.hard_timeout=8s",
+    "inprocess.barrier_timeout=15s", "inprocess.heartbeat_timeout=10s", "inprocess.monitor_interval=0.5s",
+    "inprocess.progress_interval=0.5s", "inprocess.last_call_wait=0.1s", "inprocess.termination_grace_time=1s",
+]
+
+
+def job(tmp: Path, name: str, nproc: int, *, inprocess: bool = False, sets: tuple[str, ...] = (),
+        steps: int = STEPS, step_time: float = 0.03) -> list[str]:
+    overrides = [f"checkpoint.dir={tmp / (name + '-ckpt')}", "checkpoint.interval_steps=5",
+                 # The launcher's hang detection: well above a step, below the test's patience; with
+                 # in-process on it must also exceed soft_timeout plus an in-process restart.
+                 f"heartbeat.timeout={'12s' if inprocess else '4s'}", "heartbeat.check_interval=1s",
+                 "launch.max_restarts=6", *sets]
+    if inprocess:
+        # A shrunken world would change the arithmetic: below full size, hand over to the launcher.
+        overrides += [*IN_PROCESS, f"inprocess.min_world_size={nproc}"]
+    args = ["-p", str(LOCAL_PROFILE), "--nproc-per-node", str(nproc), "--run-dir", str(tmp / name)]
+    for item in overrides:
+        args += ["--set", item]
+    return [*args, TRAIN, "--steps", str(steps), "--step-time", str(step_time), "--out", str(tmp / f"{name}.pt")]
+
+
+def run(args: list[str], cwd: Path, faults: str = "", timeout: float = 150) -> str:
+    env = {"RESCTL_FAULTS": faults} if faults else {}
+    code, out = finish(start(args, cwd=cwd, env=env), timeout=timeout)
+    assert code == 0, out[-4000:]
+    return out
+
+
+def assert_bitwise_equal(a: Any, b: Any, path: str = "state") -> None:
+    assert type(a) is type(b), path
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_bitwise_equal(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_bitwise_equal(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), path
+    else:
+        assert a == b, path
+
+
+def assert_same_final(got: Path, want: Path) -> None:
+    assert_bitwise_equal(torch.load(got, weights_only=True), torch.load(want, weights_only=True))
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Fault-free final states for 2 and 4 ranks (in-process off)."""
+    tmp = tmp_path_factory.mktemp("recovery-ref")
+    out = {}
+    for nproc in (2, 4):
+        run(job(tmp, f"ref{nproc}", nproc), cwd=tmp)
+        out[nproc] = tmp / f"ref{nproc}.pt"
+    return out
+
+
+def injected(run_dir: Path) -> list[str]:
+    return sorted(f"{e['cause']}@{e['step']}:{e['rank']}" for e in events(run_dir)
+                  if e["kind"] == "fault" and e.get("injected"))
+
+
+@pytest.mark.parametrize("nproc,inprocess", [(2, False), (2, True), (4, True)],
+                         ids=["2ranks-injob", "2ranks-inprocess", "4ranks-inprocess"])
+def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
+    tmp_path: Path, references: dict[int, Path], nproc: int, inprocess: bool
+) -> None:
+    faults = f"{FIVE_FAULTS},{SECOND_FAULT_AFTER_RESTART}"
+    faults = faults.replace(":1", f":{nproc - 1}")  # the last rank, whatever the size
+    run(job(tmp_path, "drill", nproc, inprocess=inprocess), cwd=tmp_path, faults=faults)
+    run_dir = tmp_path / "drill"
+    assert len(injected(run_dir)) == 5, injected(run_dir)
+    ev = events(run_dir)
+    cycles = {e["cycle"] for e in ev if e["kind"] == "start"}
+    inproc_restarts = {(e["cycle"], e["iteration"]) for e in ev if e["kind"] == "restart" and e.get("layer") == "inprocess"}
+    if inprocess:
+        # Only the SIGKILL needs the launcher; everything else restarted inside the processes.
+        assert cycles == {0, 1}, cycles
+        assert len(inproc_restarts) >= 4, inproc_restarts
+    else:
+        assert len(cycles) == 6 and not inproc_restarts, (cycles, inproc_restarts)
+    assert_same_final(tmp_path / "drill.pt", references[nproc])
+
+
+def test_sigkill_falls_through_to_the_launcher_with_inprocess_on(tmp_path: Path, references: dict[int, Path]) -> None:
+    run(job(tmp_path, "kill", 2, inprocess=True), cwd=tmp_path, faults="sigkill@9:1")
+    starts = [e for e in events(tmp_path / "kill") if e["kind"] == "start"]
+    assert {e["cycle"] for e in starts} == {0, 1}
+    assert_same_final(tmp_path / "kill.pt", references[2])
+
+
+def test_intercepted_torch_save_recovers_an_unmodified_script_after_sigkill(tmp_path: Path) -> None:
+    """examples/train_snapshot.py keeps its own snapshot.pt with torch.save; with the glob set,
+    those saves become async atomic checkpoints, and a SIGKILL drill still ends bitwise equal."""
+    script = str(EXAMPLES / "train_snapshot.py")
+
+    def args(name: str) -> list[str]:
+        return ["-p", str(LOCAL_PROFILE), "--nproc-per-node", "2", "--run-dir", str(tmp_path / name),
+                "--set", "checkpoint.intercept_torch_save=*snapshot.pt", "--set", f"checkpoint.dir={tmp_path / (name + '-ckpt')}",
+                script, "--steps", "30", "--step-time", "0.02", "--snapshot", str(tmp_path / f"{name}-snapshot.pt"),
+                "--out", str(tmp_path / f"{name}.pt")]
+
+    run(args("ref"), cwd=tmp_path)
+    out = run(args("kill"), cwd=tmp_path, faults="sigkill@17:0")
+    assert "resumed from" in out
+    assert {e["cycle"] for e in events(tmp_path / "kill") if e["kind"] == "start"} == {0, 1}
+    want, got = torch.load(tmp_path / "ref.pt", weights_only=True), torch.load(tmp_path / "kill.pt", weights_only=True)
+    assert_bitwise_equal(got, want)
+
+
+def test_sigterm_writes_a_final_checkpoint_at_the_latest_step(tmp_path: Path) -> None:
+    from resctl.checkpoint import format as fmt
+
+    ckpt = tmp_path / "term-ckpt"
+    args = job(tmp_path, "term", 2, steps=400, step_time=0.05,
+               sets=("checkpoint.interval_steps=1000", "checkpoint.save_on_sigterm=true", "checkpoint.sigterm_grace=10s"))
+    args = [a.replace("checkpoint.interval_steps=5", "checkpoint.interval_steps=1000") for a in args]
+    proc = start(args, cwd=tmp_path)
+    run_dir = tmp_path / "term"
+    wait_for(lambda: last_step(run_dir, 0) >= 15, 120, "rank 0 to reach step 15", proc)
+    os.kill(proc.pid, signal.SIGTERM)  # the resctl process: it forwards to ft_launcher
+    code, out = finish(proc, timeout=60)
+    assert code != 0, "a preempted job does not report success"
+    saved = [(s, p) for s, p in fmt.list_step_dirs(ckpt) if (p / fmt.MANIFEST).exists()]
+    assert saved, f"no final checkpoint in {ckpt}:\n{out[-3000:]}"
+    newest = saved[0][0]
+    assert newest == last_step(run_dir, 0), (newest, last_step(run_dir, 0))
+    assert newest >= 15
+    # And it loads: a fresh Checkpointer restores it.
+    from resctl.checkpoint import Checkpointer
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    state = {"model": model, "optim": torch.optim.Adam(model.parameters())}
+    assert Checkpointer(dir=ckpt).load(state) == newest
