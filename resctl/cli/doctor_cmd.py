@@ -1,0 +1,116 @@
+"""`resctl doctor`: preflight checks of this node (GPUs, NVLink, EFA, storage, shm, ...)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, List, Optional
+
+import typer
+
+EPILOG = (
+    "Examples: resctl doctor -p prod.toml  |  resctl doctor --json --strict  |  "
+    "resctl doctor --only storage --dir /fsx/ckpt  |  resctl doctor --deep --skip efa. "
+    "Exit codes: 0 fit, 1 a check failed (or warned, with --strict), 2 usage or profile error."
+)
+
+STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
+
+
+def _names(values: Optional[List[str]]) -> list[str]:
+    return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
+
+
+def doctor(
+    profile: Annotated[Optional[Path], typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")] = None,
+    set_: Annotated[Optional[List[str]], typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout (schema in docs/doctor.md).")] = False,
+    only: Annotated[Optional[List[str]], typer.Option("--only", help="Run only these probes (comma-separated or repeated).")] = None,
+    skip: Annotated[Optional[List[str]], typer.Option("--skip", help="Leave out these probes.")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on warnings too.")] = False,
+    deep: Annotated[bool, typer.Option("--deep", help="Also benchmark every GPU (matmul, host<->device, GPU-to-GPU); imports torch.")] = False,
+    directory: Annotated[Optional[str], typer.Option("--dir", help="Directory the storage probe tests (default: checkpoint.dir).")] = None,
+    storage_mb: Annotated[Optional[int], typer.Option("--storage-mb", min=0, help="MB the storage test writes (doctor.storage_test_mb); 0 skips it.")] = None,
+    root: Annotated[Path, typer.Option("--root", help="Read /sys, /proc, /dev and nvml.json under this node snapshot instead of this machine.")] = Path("/"),
+) -> None:
+    """Check that this node is fit to train: GPUs, NVLink, EFA, storage, /dev/shm, memlock, env, DNS, clock, memory.
+
+    Probes: gpu, nvlink, efa, storage, shm, memlock, env, dns, clock, memory.
+    """
+    from resctl.cli.render import err_console
+    from resctl.doctor import make_context, run, select
+    from resctl.errors import UsageError
+    from resctl.profile.load import resolve
+
+    names = select(_names(only), _names(skip))
+    sets = list(set_ or [])
+    if storage_mb is not None:
+        sets.append(f"doctor.storage_test_mb={storage_mb}")
+    resolved = resolve(profile, sets=sets)
+    if root != Path("/") and not root.is_dir():
+        raise UsageError(f"--root {root}: not a directory")
+    explicit = frozenset(k for k in resolved.sources if k.startswith("doctor."))
+    with _progress(err_console) as progress:
+        ctx = make_context(resolved.profile, root=root.resolve(), checkpoint_dir=directory, deep=deep,
+                           progress=progress, explicit=explicit)
+        report = run(ctx, names)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(strict), indent=2))
+    else:
+        _table(err_console, report, strict)
+    raise typer.Exit(report.exit_code(strict))
+
+
+class _progress:
+    """A rich progress bar on stderr for the storage test; nothing when stderr is not a terminal."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.bar: Any = None
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> Optional[Any]:
+        if not self.console.is_terminal:
+            return None
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                            console=self.console, transient=True)
+        self.bar.start()
+        return self.update
+
+    def update(self, phase: str, done: int, total: int) -> None:
+        if phase not in self.tasks:
+            self.tasks[phase] = self.bar.add_task(phase, total=total)
+        self.bar.update(self.tasks[phase], completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _table(console: Any, report: Any, strict: bool) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    e = report.expectations
+    title = f"resctl doctor: {report.host}" + (f" ({e['instance_type']}, {e['instance_source']})"
+                                               if e.get("instance_type") else "")
+    table = Table("probe", "check", "status", "measured", "expected", "detail", title=title, title_justify="left")
+    for i, probe in enumerate(report.probes):
+        if i:
+            table.add_section()
+        for j, c in enumerate(probe.checks):
+            unit = f" {c.unit}" if c.unit and c.measured is not None else ""
+            detail = Text(c.message)
+            if c.fix:
+                detail.append(f"\nfix: {c.fix}", style="cyan")
+            table.add_row(probe.probe if j == 0 else "", c.name, Text(c.status.value, style=STYLE[c.status.value]),
+                          "" if c.measured is None else f"{c.measured}{unit}",
+                          "" if c.expected is None else str(c.expected), detail)
+    console.print(table)
+    counts = report.counts()
+    verdict = "FIT" if report.exit_code(strict) == 0 else "NOT FIT"
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    console.print(Text(f"{verdict}: {summary} in {report.duration_s:.1f}s" + (" (--strict)" if strict else ""),
+                       style="bold green" if verdict == "FIT" else "bold red"))

@@ -1,0 +1,301 @@
+"""Storage probe: the checkpoint directory's file system, free space, write+fsync+read
+throughput with parallel writers, and Lustre health.
+
+The directory is `checkpoint.dir` (or `resctl doctor --dir`). When it does not exist yet, the
+nearest existing parent is tested, as that is where it will be created.
+
+Verdicts:
+  mount        WARN tmpfs (checkpoints in RAM vanish with the pod), or a node-local file system
+               (ext4, xfs, overlay, ...) for a multi-node job (a rescheduled node cannot load).
+  space        FAIL free space < checkpoint_size_gb x (keep_last + 1): the newest checkpoint is
+               written before the oldest is pruned. Without a size: WARN under 5 % free.
+  write        FAIL below the throughput the checkpoints need: doctor.min_storage_gbps, or
+               checkpoint_size_gb / checkpoint_every (an async write must finish before the next
+               starts). FAIL when the directory is not writable.
+  read         measured only (restore speed after a fault).
+  lustre       FAIL /sys/fs/lustre/health_check says anything but "healthy".
+
+The throughput test writes `doctor.storage_test_mb` MB of incompressible data with
+`checkpoint.writers` threads (one file each, 8 MiB writes), fsyncs every file and the directory,
+and reports bytes / wall time from the first write to the last fsync. It then drops the files
+from the page cache (posix_fadvise DONTNEED) and reads them back with the same threads, with
+O_DIRECT where the file system allows it, so the read is not served from memory.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from resctl.doctor.context import Context
+from resctl.doctor.result import Check, Status, gb
+
+CHUNK = 8 << 20
+LOCAL_FS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "overlay", "zfs", "f2fs", "vfat", "tmpfs", "ramfs"}
+HEALTH = ("/sys/fs/lustre/health_check", "/proc/fs/lustre/health_check")
+
+
+@dataclass(frozen=True)
+class Mount:
+    device: str
+    point: str
+    fstype: str
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One write+fsync+read test. Rates in decimal GB/s."""
+
+    bytes: int
+    writers: int
+    write_s: float
+    read_s: float
+    read_method: str  # "O_DIRECT" or "fadvise" (page cache dropped) or "buffered"
+
+    @property
+    def write_gbps(self) -> float:
+        return self.bytes / self.write_s / 1e9
+
+    @property
+    def read_gbps(self) -> float:
+        return self.bytes / self.read_s / 1e9
+
+
+class Cancelled(Exception):
+    pass
+
+
+def find_mount(mounts_text: str, path: str) -> Optional[Mount]:
+    """The /proc/mounts entry whose mount point is the longest prefix of `path`."""
+    best: Optional[Mount] = None
+    for line in mounts_text.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        # /proc/mounts escapes spaces and tabs in octal
+        point = parts[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        inside = point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best.point)):
+            best = Mount(parts[0], point, parts[2])
+    return best
+
+
+def measure(directory: Path, total_bytes: int, writers: int,
+            progress: Optional[Callable[[str, int, int], None]] = None,
+            cancel: Optional[threading.Event] = None) -> Throughput:
+    """Write `total_bytes` into `directory` with `writers` threads, fsync, then read it back.
+
+    Files are created in a fresh subdirectory, which is removed afterwards.
+
+    Raises:
+        OSError: the directory is not writable or the disk filled up.
+    """
+    writers = max(1, writers)
+    per = max(1, math.ceil(total_bytes / writers))
+    chunk = min(CHUNK, per)
+    total = per * writers
+    data = os.urandom(chunk)  # incompressible: compressing file systems must not flatter the number
+    work = Path(tempfile.mkdtemp(prefix=".resctl-doctor-", dir=directory))
+    files = [work / f"w{i}.bin" for i in range(writers)]
+    done = [0]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def tick(phase: str, n: int) -> None:
+        with lock:
+            done[0] += n
+            now = done[0]
+        if progress is not None:
+            progress(phase, now, total)
+
+    def parallel(fn: Callable[[Path], None]) -> float:
+        threads = [threading.Thread(target=_guard(fn, errors), args=(f,), daemon=True) for f in files]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        return elapsed
+
+    def write(path: Path) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            left = per
+            while left:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled()
+                n = os.write(fd, view[: min(chunk, left)])
+                left -= n
+                tick("write", n)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    method = ["O_DIRECT"]
+
+    def read(path: Path) -> None:
+        buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT requires
+        fd = -1
+        try:
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+                n = os.readv(fd, [buf])
+            except OSError:  # tmpfs and some FUSE file systems refuse O_DIRECT
+                if fd >= 0:
+                    os.close(fd)
+                fd = os.open(path, os.O_RDONLY)
+                method[0] = "fadvise"
+                n = os.readv(fd, [buf])
+            while n > 0:
+                tick("read", n)
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled()
+                n = os.readv(fd, [buf])
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            buf.close()
+
+    try:
+        write_s = parallel(write)
+        dfd = os.open(work, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        write_s_total = write_s
+        for f in files:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        done[0] = 0
+        read_s = parallel(read)
+        return Throughput(total, writers, write_s_total, read_s, method[0])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _guard(fn: Callable[[Path], None], errors: list[BaseException]) -> Callable[[Path], None]:
+    def run(path: Path) -> None:
+        try:
+            fn(path)
+        except BaseException as err:  # re-raised in the caller's thread
+            errors.append(err)
+    return run
+
+
+def run(ctx: Context) -> list[Check]:
+    target = ctx.checkpoint_dir
+    existing = target
+    while not ctx.path(existing).is_dir() and existing not in ("/", ""):
+        existing = os.path.dirname(existing.rstrip("/")) or "/"
+    note = "" if existing == target else f" ({target} does not exist yet; tested {existing})"
+    real = os.path.realpath(existing) if ctx.live else existing
+    checks = [_mount(ctx, real, note)]
+    checks.append(_space(ctx, existing))
+    checks += _throughput(ctx, existing, checks[-1])
+    lustre = _lustre(ctx, checks[0])
+    if lustre is not None:
+        checks.append(lustre)
+    return checks
+
+
+def _mount(ctx: Context, path: str, note: str) -> Check:
+    text = ctx.read("/proc/mounts")
+    mount = find_mount(text, path) if text else None
+    if mount is None:
+        return Check("mount", Status.SKIP, f"no /proc/mounts entry for {path}{note}")
+    where = f"{mount.fstype} {mount.device} on {mount.point}{note}"
+    if mount.fstype in ("tmpfs", "ramfs"):
+        return Check("mount", Status.WARN, f"checkpoints in RAM: {where}", mount.fstype, "shared storage", "",
+                     "point checkpoint.dir at persistent shared storage (e.g. FSx for Lustre)")
+    if ctx.expect.multi_node and mount.fstype in LOCAL_FS:
+        return Check("mount", Status.WARN, f"node-local file system for a multi-node job: {where}", mount.fstype,
+                     "shared storage", "", "a rescheduled node cannot load these checkpoints: use shared storage "
+                     "(FSx for Lustre, NFS) for checkpoint.dir")
+    return Check("mount", Status.PASS, where, mount.fstype)
+
+
+def _space(ctx: Context, path: str) -> Check:
+    try:
+        space = ctx.space(path)
+    except OSError as err:
+        return Check("space", Status.SKIP, f"cannot stat {path}: {err}")
+    size, keep = ctx.expect.checkpoint_size_gb, ctx.expect.keep_last
+    free = gb(space.free)
+    if size:
+        need = size * (keep + 1)
+        if space.free / 1e9 < need:
+            return Check("space", Status.FAIL, f"{free} GB free, {need:g} GB needed ({size:g} GB x (keep_last {keep} "
+                         "+ 1 being written))", free, need, "GB",
+                         "free space, grow the file system, or lower checkpoint.keep_last")
+        return Check("space", Status.PASS, f"{free} GB free of {gb(space.total)} GB; {need:g} GB needed", free, need,
+                     "GB")
+    if space.total and space.free < 0.05 * space.total:
+        return Check("space", Status.WARN, f"{free} GB free of {gb(space.total)} GB (under 5 %)", free, None, "GB",
+                     "free space; set doctor.checkpoint_size_gb for an exact check")
+    return Check("space", Status.PASS, f"{free} GB free of {gb(space.total)} GB (set doctor.checkpoint_size_gb to "
+                 "check against the checkpoints)", free, None, "GB")
+
+
+def _throughput(ctx: Context, path: str, space: Check) -> list[Check]:
+    mb = ctx.expect.storage_test_mb
+    if mb <= 0:
+        return [Check("write", Status.SKIP, "doctor.storage_test_mb = 0")]
+    total = mb * 1_000_000
+    if isinstance(space.measured, (int, float)) and space.measured * 1e9 < 2 * total:
+        return [Check("write", Status.SKIP, f"less than {2 * mb} MB free: no room for the throughput test")]
+    progress = ctx.progress
+    try:
+        result = measure(ctx.path(path), total, ctx.expect.writers,
+                         (lambda phase, done, of: progress(f"storage {phase}", done, of)) if progress else None,
+                         ctx.cancel)
+    except Cancelled:
+        return [Check("write", Status.FAIL, "throughput test did not finish in time", None, None, "GB/s",
+                      "the storage is very slow or hung: check its health")]
+    except OSError as err:
+        return [Check("write", Status.FAIL, f"cannot write to {path}: {err.strerror or err}", None, None, "GB/s",
+                      "make checkpoint.dir writable by this user (fsGroup / permissions) and check the mount")]
+    need = ctx.expect.needed_storage_gbps
+    how = f"{result.writers} writers, {result.bytes / 1e6:.0f} MB, write+fsync"
+    w = round(result.write_gbps, 3)
+    if need is not None and result.write_gbps < need:
+        why = (f"{ctx.expect.checkpoint_size_gb:g} GB every {ctx.expect.checkpoint_every_s:g} s"
+               if ctx.expect.checkpoint_size_gb and ctx.expect.checkpoint_every_s else "doctor.min_storage_gbps")
+        write = Check("write", Status.FAIL, f"{w} GB/s ({how}) < {need:.3g} GB/s needed ({why})", w, round(need, 3),
+                      "GB/s", "checkpoint less often or smaller, add storage throughput (FSx: more capacity or a "
+                      "higher throughput tier), or lower the expectation")
+    else:
+        write = Check("write", Status.PASS, f"{w} GB/s ({how})" + (f" >= {need:.3g} GB/s needed" if need else ""), w,
+                      round(need, 3) if need else None, "GB/s")
+    r = round(result.read_gbps, 3)
+    read = Check("read", Status.PASS, f"{r} GB/s ({result.writers} readers, {result.read_method})", r, None, "GB/s")
+    return [write, read]
+
+
+def _lustre(ctx: Context, mount: Check) -> Optional[Check]:
+    for path in HEALTH:
+        text = ctx.read(path)
+        if text is not None:
+            state = text.strip()
+            if state.lower() == "healthy":
+                return Check("lustre", Status.PASS, f"{path}: healthy", state, "healthy")
+            return Check("lustre", Status.FAIL, f"{path}: {state[:80]}", state[:40], "healthy", "",
+                         "the Lustre client is unhealthy (LBUG/evicted): remount or replace the node")
+    if mount.measured == "lustre":
+        return Check("lustre", Status.SKIP, "Lustre mount but no health_check file readable")
+    return None
