@@ -14,7 +14,7 @@ import sys
 import typer
 
 from resctl import __version__
-from resctl.cli import profile_cmd, run_cmd
+from resctl.cli import doctor_cmd, profile_cmd, report_cmd, run_cmd, tune_cmd
 
 app = typer.Typer(
     name="resctl",
@@ -46,6 +46,9 @@ app.command(
     epilog=run_cmd.EPILOG,
 )(run_cmd.run)
 app.add_typer(profile_cmd.app, name="profile")
+app.command("doctor", epilog=doctor_cmd.EPILOG)(doctor_cmd.doctor)
+app.command("tune-interval", epilog=tune_cmd.EPILOG)(tune_cmd.tune_interval)
+app.command("report", epilog=report_cmd.EPILOG)(report_cmd.report)
 
 
 def main() -> None:

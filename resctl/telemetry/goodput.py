@@ -90,6 +90,7 @@ class Sample:
     goodput: float
     age_steps: int
     age_s: float
+    kept: bool
 
 
 @dataclass
@@ -240,11 +241,12 @@ def analyze(events: Iterable[Event], plan: Mapping[str, Any] | None = None) -> R
         while j < len(persisted) and persisted[j][0] <= t:
             latest = persisted[j]  # the newest by time: after a rollback that is the one a restart loads
             j += 1
-        if (t, step) in kept_set:
+        is_kept = (t, step) in kept_set
+        if is_kept:
             cum += mean_step if compute is None else compute
         age_steps = step - (latest[1] if latest else 0)
         age_s = t - (latest[0] if latest else t0)
-        series.append(Sample(t - t0, step, cum / max(t - t0, 1e-9), age_steps, age_s))
+        series.append(Sample(t - t0, step, cum / max(t - t0, 1e-9), age_steps, age_s, is_kept))
     ages_steps = [float(s.age_steps) for s in series]
     ages_s = [s.age_s for s in series]
     freshness = {

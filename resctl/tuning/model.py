@@ -239,7 +239,7 @@ def recommend(costs: Costs, current: int | None = None, mode: Mode = "async") ->
     if current is not None:
         cur = evaluate(current, costs, mode)
         rows.append(Alternative("current", cur))
-        rows.append(Alternative(f"current, {other}", evaluate(current, costs, other)))
+        rows.append(Alternative(f"current {other}", evaluate(current, costs, other)))
     seen = {(a.prediction.interval_steps, a.prediction.mode) for a in rows}
     candidates = {_nice(n * f) for f in (0.25, 0.5, 2.0, 4.0)}
     if costs.write > 0:

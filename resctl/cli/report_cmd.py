@@ -1,0 +1,132 @@
+"""`resctl report RUN_DIR`: goodput, recovery times, rollback, checkpoint freshness, restart causes.
+
+Reads only the run's `events-rank*.jsonl` (and `plan.json` for the checkpoint settings); the
+definitions are in `resctl.telemetry.goodput`. Terminal tables by default, `--json` for one
+document on stdout, `--html FILE` for a self-contained page with plots (plotly, inlined: it opens
+from disk, no server or network).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+EPILOG = "Examples: resctl report resctl-runs/abc  |  resctl report resctl-runs/abc --html report.html  |  resctl report DIR --json"
+
+
+def load_analysis(run_dir: Path) -> Any:
+    """`RunAnalysis` of a run directory; `UsageError` (exit 2) when it is not one."""
+    from resctl.errors import UsageError
+    from resctl.telemetry.events import EVENTS_GLOB, read_events
+    from resctl.telemetry.goodput import analyze
+
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: no such run directory; give the run_dir `resctl run` printed "
+                         "(default resctl-runs/<run id>)")
+    if not any(run_dir.glob(EVENTS_GLOB)):
+        raise UsageError(f"{run_dir}: no events-rank*.jsonl files: not a resctl run directory, or the workers "
+                         "never started (check the launcher log)")
+    plan = None
+    plan_file = run_dir / "plan.json"
+    if plan_file.is_file():
+        try:
+            plan = json.loads(plan_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            plan = None  # the events alone are enough; the interval is then inferred from them
+    try:
+        events = list(read_events(run_dir))
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{run_dir}: cannot read the events: {err}") from None
+    try:
+        return analyze(events, plan if isinstance(plan, dict) else None)
+    except (ValueError, KeyError, TypeError) as err:
+        raise UsageError(f"{run_dir}: the events cannot be analysed ({type(err).__name__}: {err}); "
+                         "they must follow resctl.telemetry.events") from None
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory (holds events-rank*.jsonl).")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    html: Annotated[Optional[Path], typer.Option("--html", help="Also write a self-contained HTML report with plots.")] = None,
+) -> None:
+    """Training and infrastructure goodput, per-fault recovery, rollback and checkpoint freshness of a run."""
+    from resctl.cli.render import info
+    from resctl.errors import UsageError
+
+    analysis = load_analysis(run_dir)
+    if html is not None:
+        from resctl.telemetry.report_html import render_html
+
+        try:
+            html.write_text(render_html(analysis, title=f"resctl report: {run_dir}"), encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"--html {html}: cannot write it: {err}") from None
+    if as_json:
+        typer.echo(json.dumps(analysis.to_json(), indent=2))
+    else:
+        _render(analysis)
+    if html is not None:
+        info(f"wrote {html}")
+
+
+def _num(value: float | None, fmt: str = ".2f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _render(a: Any) -> None:
+    from rich.table import Table
+
+    from resctl.cli.render import out_console
+
+    cal = a.calibration
+    head = Table("measure", "value", title="goodput")
+    head.add_row("wall time", f"{a.wall_s:.1f} s")
+    head.add_row("training goodput", f"{a.training_goodput:.2%}  ({a.productive_s:.1f} s of kept steps)")
+    head.add_row("infrastructure goodput", f"{a.infrastructure_goodput:.2%}  ({a.up_s:.1f} s with the workers up)")
+    head.add_row("steps", f"{a.kept_steps} kept of {a.steps_run} run; final step {a.final_step}")
+    head.add_row("ranks", f"{len(a.ranks)}")
+    head.add_row("step compute", f"{cal.step_time:.4g} s mean, {cal.step_time_p50:.4g} s p50 ({cal.step_samples} steps)")
+    head.add_row("checkpoints", f"{a.checkpoints} durable; stall {_num(cal.stall, '.4g')} s, wait "
+                                f"{_num(cal.waited, '.4g')} s, write {_num(cal.write, '.4g')} s mean; "
+                                f"interval {cal.interval_steps or '-'} steps")
+    f = a.freshness
+    head.add_row("checkpoint freshness", f"mean {_num(f['mean_age_steps'], '.1f')} steps / {_num(f['mean_age_s'], '.1f')} s, "
+                                         f"max {_num(f['max_age_steps'], '.0f')} steps / {_num(f['max_age_s'], '.1f')} s")
+    out_console.print(head)
+
+    if a.recoveries:
+        stats = Table("recovery (s)", "p50", "p95", "max", title=f"recovery of {len(a.recoveries)} fault(s)")
+        for phase in ("total", "detection", "restart", "load", "first_step"):
+            s = a.recovery_stats[phase]
+            stats.add_row(phase.replace("_", " "), _num(s["p50"]), _num(s["p95"]), _num(s["max"]))
+        r = a.rollback_stats
+        stats.add_row("rollback (steps)", _num(r["p50"], ".0f"), _num(r["p95"], ".0f"), _num(r["max"], ".0f"))
+        out_console.print(stats)
+        per = Table("t (s)", "fault", "detect", "restart", "load", "1st step", "total", "rollback", title="faults (s)")
+        for rec in a.recoveries:
+            who = "" if rec.rank is None else f" r{rec.rank}"
+            per.add_row(f"{rec.t_fault:.1f}", f"{rec.layer}: {rec.cause}{who}" + ("*" if rec.injected else ""),
+                        _num(rec.detection), _num(rec.restart), _num(rec.load), _num(rec.first_step),
+                        _num(rec.total) if rec.total is not None else "none",
+                        f"{rec.last_step}->{rec.resumed_step}")
+        out_console.print(per)
+        if any(rec.injected for rec in a.recoveries):
+            out_console.print("* injected by a fault drill")
+        causes = Table("restart cause", "count", title="restart causes")
+        for cause, count in sorted(a.causes.items(), key=lambda kv: -kv[1]):
+            causes.add_row(cause, str(count))
+        out_console.print(causes)
+    else:
+        out_console.print("no faults: the run never restarted")
+
+    timeline = Table("t (s)", "rank", "cycle.iter", "event", "detail", title="timeline (steps and stalls omitted)")
+    shown = [e for e in a.timeline if e["kind"] != "ckpt_persist"]
+    for e in shown[:60]:
+        detail = " ".join(f"{k}={e[k]}" for k in ("step", "cause", "layer", "status", "reason") if k in e)
+        timeline.add_row(f"{e['t']:.2f}", str(e["rank"]), f"{e['cycle']}.{e['iteration']}", e["kind"], detail)
+    if len(shown) > 60:
+        timeline.add_row("...", "", "", f"{len(shown) - 60} more (see --json)", "")
+    out_console.print(timeline)

@@ -1,0 +1,128 @@
+"""Assemble the model's `Costs` from a run's calibration and explicit numbers, with provenance.
+
+Precedence per quantity: an explicit number (a flag) beats what the run measured; where neither
+exists the restart cost is taken as 0 (it only scales the goodput, not the interval) and a
+missing MTBF is an error (without a failure rate there is no optimum). Every quantity records
+where it came from, and `tune-interval` prints that next to it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from resctl.telemetry.goodput import Calibration
+from resctl.tuning.model import DEFAULT_HEADROOM, Costs, Mode
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*(/\s*s)?\s*$")
+_FACTORS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(text: str) -> float:
+    """Bytes from `6.44GB`, `512MiB`, `1e9`, `1.3GB/s` (a rate reads the same). Raises ValueError."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size; use bytes or a unit: 512MB, 6.44GB, 2GiB (rates: 1.3GB/s)")
+    value = float(match.group(1)) * _FACTORS[(match.group(2) or "").lower()]
+    if value <= 0:
+        raise ValueError(f"{text!r}: must be > 0")
+    return value
+
+
+@dataclass
+class Inputs:
+    """Explicit numbers from the command line (None: not given). Seconds and bytes."""
+
+    step_time: float | None = None
+    stall: float | None = None
+    write_time: float | None = None
+    state_size: float | None = None
+    write_bw: float | None = None
+    restart: float | None = None
+    mtbf_per_node: float | None = None
+    nodes: int = 1
+    interval: int | None = None
+    mode: Mode | None = None
+    headroom: float = DEFAULT_HEADROOM
+
+
+@dataclass
+class Assembled:
+    costs: Costs
+    current: int | None
+    mode: Mode
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+class MissingInput(ValueError):
+    """A quantity the model needs is neither measured nor given (the message names the flag)."""
+
+
+def assemble(given: Inputs, run: Calibration | None) -> Assembled:
+    """Costs for the model: flags first, then the run's measurements (see the module docstring)."""
+    src: dict[str, str] = {}
+    run_async = run.async_ if run else None
+    mode: Mode = given.mode or ("sync" if run_async is False else "async")
+    src["mode"] = "--sync/--async" if given.mode else ("run (plan.json)" if run_async is not None else "default")
+
+    def pick(name: str, flag: float | None, measured: float | None, flag_name: str, what: str) -> float:
+        if flag is not None:
+            src[name] = flag_name
+            return flag
+        if measured is not None:
+            src[name] = what
+            return measured
+        raise MissingInput(f"no {name.replace('_', ' ')}: give {flag_name}" + (" or --from-run DIR" if run is None else
+                           f" (the run has no {what.split(':', 1)[-1].strip()})"))
+
+    step = pick("step_time", given.step_time, run.step_time if run and run.step_samples else None,
+                "--step-time", f"run: mean of {run.step_samples if run else 0} steps")
+    write_flag = given.write_time
+    write_label = "--write-time"
+    if write_flag is None and given.state_size is not None:
+        if given.write_bw is None:
+            raise MissingInput("--state-size needs --write-bw (e.g. --state-size 6.44GB --write-bw 1.3GB/s)")
+        write_flag = given.state_size / given.write_bw
+        write_label = "--state-size / --write-bw"
+    elif given.write_bw is not None and given.state_size is None and write_flag is None:
+        if run is None or not run.write_bytes:
+            raise MissingInput("--write-bw needs --state-size (or a run whose checkpoints recorded their bytes)")
+        write_flag = run.write_bytes / given.write_bw
+        write_label = "run bytes / --write-bw"
+    write = pick("write", write_flag, run.write if run else None, write_label,
+                 f"run: mean of {run.saves if run else 0} checkpoint writes")
+    measured_stall = run.stall if run else None
+    if measured_stall is not None and run_async is False and run and run.write is not None:
+        measured_stall = max(0.0, measured_stall - run.write)  # a sync save's stall contains its write
+    stall = pick("stall", given.stall, measured_stall, "--stall", f"run: mean of {run.saves if run else 0} save stalls")
+
+    if given.restart is not None:
+        restart, src["restart"] = given.restart, "--restart"
+    elif run is not None and run.restart is not None:
+        restart, src["restart"] = run.restart, "run: mean fault-to-first-step"
+    else:
+        restart, src["restart"] = 0.0, "not measured, taken as 0 (give --restart)"
+
+    if given.mtbf_per_node is not None:
+        mtbf = given.mtbf_per_node / max(1, given.nodes)
+        src["mtbf"] = f"--mtbf / --nodes {given.nodes}"
+    elif run is not None and run.unplanned_faults > 0:
+        mtbf = run.wall_s / run.unplanned_faults
+        src["mtbf"] = f"run: {run.unplanned_faults} unplanned fault(s) in {run.wall_s:.0f} s"
+    else:
+        raise MissingInput("no failure rate: give --mtbf (per node) and --nodes, e.g. --mtbf 24h --nodes 16"
+                           + ("" if run is None else "; the run had no unplanned faults to measure it from"))
+
+    if given.interval is not None:
+        current: int | None = given.interval
+        src["interval"] = "--interval"
+    elif run is not None and run.interval_steps is not None:
+        current = run.interval_steps
+        src["interval"] = "run"
+    else:
+        current = None
+    if not math.isfinite(mtbf):
+        raise MissingInput("the MTBF must be finite")
+    costs = Costs(step_time=step, stall=stall, write=write, restart=restart, mtbf=mtbf, headroom=given.headroom)
+    return Assembled(costs, current, mode, src)

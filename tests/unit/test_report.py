@@ -1,0 +1,148 @@
+"""Goodput, recovery and calibration on crafted event logs (tests/fixtures/runs/make_runs.py),
+and the report / tune-interval commands on them (real subprocesses, as a user runs them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resctl.telemetry.events import read_events
+from resctl.telemetry.goodput import analyze, percentile
+
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+FAULTS = RUNS / "faults"
+
+
+def resctl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "resctl", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def faults() -> object:
+    return analyze(read_events(FAULTS), json.loads((FAULTS / "plan.json").read_text()))
+
+
+def test_goodput(faults: object) -> None:
+    a = faults
+    assert a.wall_s == 69.0  # type: ignore[attr-defined]
+    # Kept: steps 1-20 of cycle 0, 21-30 of cycle 1, 31-45 of its in-process iteration 1, 1 s each.
+    assert a.kept_steps == 45 and a.steps_run == 55 and a.productive_s == 45.0  # type: ignore[attr-defined]
+    assert a.training_goodput == pytest.approx(45 / 69)  # type: ignore[attr-defined]
+    # Up: cycle 0 from the last start (0.5) to its last event (29.0); cycle 1 from 31.5 to 69.0.
+    assert a.up_s == 66.0 and a.infrastructure_goodput == pytest.approx(66 / 69)  # type: ignore[attr-defined]
+
+
+def test_recoveries(faults: object) -> None:
+    first, second = faults.recoveries  # type: ignore[attr-defined]
+    assert (first.layer, first.cause, first.rank, first.injected) == ("launcher", "sigkill", 1, True)
+    assert (first.t_fault, first.detection, first.restart, first.load, first.first_step, first.total) == \
+        (27.0, 2.0, 2.5, 2.0, 1.5, 8.0)
+    assert (first.last_step, first.resumed_step, first.rollback_steps) == (25, 20, 5)
+    assert (second.layer, second.cause, second.rank, second.injected) == ("inprocess", "exception", 0, False)
+    assert (second.t_fault, second.detection, second.restart, second.load, second.first_step, second.total) == \
+        (50.0, 2.0, 0.5, 1.0, 0.5, 4.0)
+    assert second.rollback_steps == 5
+    stats = faults.recovery_stats["total"]  # type: ignore[attr-defined]
+    assert (stats["p50"], stats["p95"], stats["max"]) == (6.0, pytest.approx(7.8), 8.0)
+    assert faults.causes == {"launcher: sigkill": 1, "inprocess: exception": 1}  # type: ignore[attr-defined]
+
+
+def test_freshness_and_calibration(faults: object) -> None:
+    f = faults.freshness  # type: ignore[attr-defined]
+    assert f["max_age_steps"] == 11.0
+    # Step 31 of cycle 1 (t 45.5): the newest durable checkpoint is step 20, persisted at 23.75.
+    assert f["max_age_s"] == 21.75
+    assert faults.checkpoints == 4  # type: ignore[attr-defined]
+    c = faults.calibration  # type: ignore[attr-defined]
+    assert (c.step_time, c.step_samples, c.stall, c.write, c.saves) == (1.0, 52, 0.5, 1.75, 4)
+    assert (c.interval_steps, c.async_, c.restart, c.unplanned_faults) == (10, True, 6.0, 1)
+
+
+def test_interval_inferred_without_plan() -> None:
+    a = analyze(read_events(RUNS / "aws"))
+    assert a.calibration.interval_steps == 100
+    assert a.calibration.step_time == pytest.approx(2.8)
+    assert a.calibration.write == 275.0 and a.calibration.stall == 1.0
+    assert a.recoveries == [] and a.kept_steps == 300
+
+
+def test_percentile() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0], 95) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+
+
+def test_report_json_and_html(tmp_path: Path) -> None:
+    html = tmp_path / "r.html"
+    proc = resctl("report", str(FAULTS), "--json", "--html", str(html), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["training_goodput"] == pytest.approx(45 / 69)
+    assert [r["total"] for r in doc["recoveries"]] == [8.0, 4.0]
+    page = html.read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    assert "Plotly.newPlot" in page  # the figures, drawn by plotly.js
+    assert "plotly.js v" in page  # inlined: viewable without a server or network
+    for trace in ("step (kept)", "step (rolled back)", "checkpoint durable", "fault", "training goodput"):
+        assert f'"name":"{trace}"' in page, trace
+    assert "recovery time per fault" in page
+
+
+def test_report_terminal(tmp_path: Path) -> None:
+    proc = resctl("report", str(FAULTS), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "65.22%" in proc.stdout and "95.65%" in proc.stdout and "25->20" in proc.stdout
+
+
+@pytest.mark.parametrize("setup, message", [
+    ("missing", "no such run directory"),
+    ("empty", "no events-rank"),
+    ("garbage", "no events"),
+])
+def test_report_bad_input(tmp_path: Path, setup: str, message: str) -> None:
+    run = tmp_path / "run"
+    if setup != "missing":
+        run.mkdir()
+    if setup == "garbage":
+        (run / "events-rank0.jsonl").write_text("not json\n")
+    proc = resctl("report", str(run), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_tune_interval_from_run_writes_profile(tmp_path: Path) -> None:
+    profile = tmp_path / "prod.toml"
+    profile.write_text("# mine\n[checkpoint]\ninterval_steps = 100 # hand-picked\nasync = true\n")
+    proc = resctl("tune-interval", "--from-run", str(RUNS / "aws"), "--mtbf", "24h", "--nodes", "2",
+                  "--json", "--write-profile", str(profile), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    rec = doc["recommendation"]
+    assert rec["interval_steps"] == 118 and rec["bound"] == "back-pressure"
+    assert rec["current"]["interval_steps"] == 100 and rec["current"]["regime"] == "no-headroom"
+    assert doc["sources"]["step_time"].startswith("run")
+    assert "async cannot hide" in proc.stderr
+    assert profile.read_text() == "# mine\n[checkpoint]\ninterval_steps = 118 # hand-picked\nasync = true\n"
+
+
+def test_tune_interval_explicit_numbers(tmp_path: Path) -> None:
+    proc = resctl("tune-interval", "--step-time", "1m", "--stall", "5m", "--write-time", "0", "--mtbf", "24h", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "checkpoint.interval_steps = 117" in proc.stdout or "checkpoint.interval_steps = 116" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--step-time", "1s", "--stall", "1s", "--write-time", "5s"], "--mtbf"),
+    (["--step-time", "soon", "--mtbf", "1h"], "--step-time"),
+    (["--step-time", "1s", "--stall", "1s", "--state-size", "1GB", "--mtbf", "1h"], "--write-bw"),
+    (["--from-run", "/nonexistent/run", "--mtbf", "1h"], "no such run directory"),
+    (["--step-time", "0", "--stall", "1s", "--write-time", "1s", "--mtbf", "1h"], "--step-time"),
+])
+def test_tune_interval_bad_input(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = resctl("tune-interval", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout
+    assert message in proc.stderr and "Traceback" not in proc.stderr
