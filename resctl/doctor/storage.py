@@ -257,6 +257,8 @@ def _throughput(ctx: Context, path: str, space: Check) -> list[Check]:
     if mb <= 0:
         return [Check("write", Status.SKIP, "doctor.storage_test_mb = 0")]
     total = mb * 1_000_000
+    if space.status == Status.FAIL:
+        return [Check("write", Status.SKIP, "not writing test data to a file system without room for the checkpoints")]
     if isinstance(space.measured, (int, float)) and space.measured * 1e9 < 2 * total:
         return [Check("write", Status.SKIP, f"less than {2 * mb} MB free: no room for the throughput test")]
     progress = ctx.progress
