@@ -89,6 +89,7 @@ class Model:
     """`layers` Linear(hidden, hidden) + ReLU, fp32 weights (TF32 matmuls on CUDA), Adam."""
 
     def __init__(self, params_m: float, device: str, batch: int) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = True  # what a real fp32 run uses on Hopper
         self.layers = 32 if params_m >= 100 else 4
         hidden = int(math.sqrt(params_m * 1e6 / self.layers))
         self.hidden = max(64, hidden // 64 * 64)
@@ -192,11 +193,13 @@ def crc_gbps(threads: int, mb: int = 256) -> float:
 
 
 def engine(
-    state: dict[str, Any], root: Path, writers: int, repeats: int, device: str, verify: bool = False
+    state: dict[str, Any], root: Path, writers: int, repeats: int, device: str, verify: bool = False,
+    stage: str = "host",
 ) -> dict[str, Any]:
     log = MemoryLog()
-    ck = Checkpointer(dir=root, async_=True, writers=writers, keep_last=1, rank=0, world_size=1, events=log)
-    blocked, drained = [], []
+    ck = Checkpointer(dir=root, async_=True, writers=writers, keep_last=1, stage=stage, rank=0, world_size=1,
+                      events=log)
+    blocked, drained, prune = [], [], []
     for step in range(1, repeats + 2):
         sync(device)
         t0 = time.perf_counter()
@@ -205,6 +208,7 @@ def engine(
         t1 = time.perf_counter()
         ck.wait()  # so the next save's blocked time is not waiting for this one
         drained.append(time.perf_counter() - t1)
+        prune.append(ck.last_prune_s or 0.0)
     extra: dict[str, Any] = {}
     if verify:
         # Load the last checkpoint back (into CPU copies of the state's tensors) and compare bitwise.
@@ -236,7 +240,8 @@ def engine(
     free_pinned()
     shutil.rmtree(root, ignore_errors=True)
     # The first save allocates (and on CUDA pins) the staging arena: reported apart.
-    return {"first_blocked": blocked[0], "blocked": blocked[1:], "persist": persist[1:], "bytes": size, **extra}
+    return {"first_blocked": blocked[0], "blocked": blocked[1:], "persist": persist[1:], "bytes": size,
+            "prune": prune[1:], **extra}
 
 
 def torch_save(tensors: list[torch.Tensor], root: Path, repeats: int) -> list[float]:
@@ -325,14 +330,17 @@ def train_loop(model: Model, steps: int, ck: Checkpointer | None, interval: int)
     return wall
 
 
-def efficiency(model: Model, root: Path, writers: int, persist_s: float, mults: list[float], saves: int) -> dict[str, Any]:
+def efficiency(
+    model: Model, root: Path, writers: int, persist_s: float, mults: list[float], saves: int, stage: str = "host"
+) -> dict[str, Any]:
     # Step time, warmed up.
     train_loop(model, 5, None, 1)
     n = 20
     step_s = train_loop(model, n, None, 1) / n
-    out: dict[str, Any] = {"step_s": round(step_s, 5), "runs": []}
+    out: dict[str, Any] = {"stage": stage, "step_s": round(step_s, 5), "keep_last": 2, "runs": []}
     log = MemoryLog()
-    ck = Checkpointer(dir=root, async_=True, writers=writers, keep_last=1, rank=0, world_size=1, events=log)
+    ck = Checkpointer(dir=root, async_=True, writers=writers, keep_last=2, stage=stage, rank=0, world_size=1,
+                      events=log)
     ck.save(model.state(), 0)  # allocate the arena outside the timed loops (once per process)
     ck.wait()
     for mult in mults:
@@ -359,7 +367,7 @@ def efficiency(model: Model, root: Path, writers: int, persist_s: float, mults: 
             "waited_s": [round(w, 4) for w in waits],
             "persist_s": [round(p, 3) for p in persists],
         }
-        say(f"efficiency x{mult}: {json.dumps(run)}")
+        say(f"efficiency stage={stage} x{mult}: {json.dumps(run)}")
         out["runs"].append(run)
     ck.close()
     del ck
@@ -397,6 +405,7 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--writers", type=int, default=8, help="writers of the engine and of the plain baseline")
     ap.add_argument("--writer-sweep", default="", help="extra engine writer counts, e.g. 4,16")
+    ap.add_argument("--stages", default="host", help="engine stage modes to measure: host,device")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--eff-mults", default="1.25,4", help="interval compute / write time, per efficiency run")
     ap.add_argument("--eff-saves", type=int, default=3)
@@ -444,17 +453,24 @@ def main() -> None:
 
         counts = [args.writers] + ([int(w) for w in args.writer_sweep.split(",") if w] if "sweep" not in skip else [])
         counts = list(dict.fromkeys(counts))
+        stages = [x for x in args.stages.split(",") if x]
+        runs = [(stages[0], w) for w in counts] + [(g, args.writers) for g in stages[1:]]
         out["engine"] = {}
-        for w in counts:
-            r = engine(state, root / f"engine-{w}", w, args.repeats, args.device, verify=w == args.writers)
-            out["engine"][str(w)] = {
+        for g, w in runs:
+            key = str(w) if g == "host" else f"{g}-{w}"
+            r = engine(state, root / f"engine-{key}", w, args.repeats, args.device, verify=w == args.writers,
+                       stage=g)
+            out["engine"][key] = {
+                "stage": g,
+                "writers": w,
                 **{k: r[k] for k in ("load_s", "load_step", "bitwise_equal") if k in r},
                 "first_blocked_s": round(r["first_blocked"], 4),
                 "blocked_s": [round(x, 4) for x in r["blocked"]],
                 "persist_s": [round(x, 3) for x in r["persist"]],
+                "prune_s": [round(x, 3) for x in r["prune"]],
                 "persist_gbps": round(r["bytes"] / med(r["persist"]) / 1e9, 3),
             }
-            say(f"engine writers={w}: {out['engine'][str(w)]}")
+            say(f"engine {key}: {out['engine'][key]}")
 
         if "torchsave" not in skip:
             ts = torch_save(tensors, root, args.repeats)
@@ -476,11 +492,13 @@ def main() -> None:
                 out["plain_direct"] = {"error": str(err)}
             say(f"plain O_DIRECT: {out['plain_direct']}")
 
-        main_engine = out["engine"][str(args.writers)]
+        main_key = str(args.writers) if stages[0] == "host" else f"{stages[0]}-{args.writers}"
+        main_engine = out["engine"][main_key]
         blocked = med(main_engine["blocked_s"])
         persist = med(main_engine["persist_s"])
         plain = out["plain"][str(args.writers)]["gbps"]
         out["summary"] = {
+            "stage": stages[0],
             "blocked_s_median": round(blocked, 4),
             "staging_copy_s": out["staging_copy_s"],
             "blocked_over_staging": round(blocked / stage, 3),
@@ -491,11 +509,19 @@ def main() -> None:
             "persist_over_multiwriter": round(main_engine["persist_gbps"] / plain, 3),
             "torch_save_over_multiwriter": round(out["torch_save_gbps"] / plain, 3) if "torch_save_gbps" in out else None,
         }
+        for g in stages[1:]:
+            e = out["engine"][f"{g}-{args.writers}"]
+            out["summary"][f"{g}_blocked_s_median"] = round(med(e["blocked_s"]), 4)
+            out["summary"][f"{g}_blocked_over_staging"] = round(med(e["blocked_s"]) / stage, 3)
+            out["summary"][f"{g}_persist_over_multiwriter"] = round(e["persist_gbps"] / plain, 3)
         say(f"summary: {out['summary']}")
 
         if model is not None and "eff" not in skip:
             mults = [float(m) for m in args.eff_mults.split(",") if m]
-            out["efficiency"] = efficiency(model, root / "eff", args.writers, persist, mults, args.eff_saves)
+            out["efficiency"] = [
+                efficiency(model, root / f"eff-{g}", args.writers, persist, mults, args.eff_saves, stage=g)
+                for g in stages
+            ]
     finally:
         shutil.rmtree(root, ignore_errors=True)
         doc = json.dumps(out, indent=2)

@@ -63,6 +63,11 @@ class Checkpointer:
         async_: return from `save` once the state is staged and write in the background.
         keep_last: complete checkpoints to keep; older ones are pruned after a newer one lands.
         writers: parallel writer threads (one data file each).
+        stage: where `save` snapshots CUDA tensors before it returns. "host" (default): straight
+            into a pinned host arena (blocks for the device-to-host copy, ~55 GB/s on an H200).
+            "device": into a spare device arena (a device-to-device copy, ~100x faster), then the
+            background writer copies it to pinned host memory; costs GPU memory equal to the
+            state, and falls back to "host" with a warning when that allocation fails.
         rank, world_size: default to torch.distributed when initialised, else env RANK /
             WORLD_SIZE, else 0 / 1 (looked up at every call: in-process restarts may renumber).
         events: an `EventLog` for `ckpt_stall`, `ckpt_persist` and `ckpt_skip`.
@@ -78,6 +83,7 @@ class Checkpointer:
         async_: bool = True,
         keep_last: int = 2,
         writers: int = 4,
+        stage: str = "host",
         rank: int | None = None,
         world_size: int | None = None,
         events: EventLog | None = None,
@@ -85,6 +91,9 @@ class Checkpointer:
     ) -> None:
         if interval_steps < 1 or keep_last < 1 or writers < 1:
             raise ValueError("interval_steps, keep_last and writers must be >= 1")
+        if stage not in ("host", "device"):
+            raise ValueError(f"stage must be 'host' or 'device', not {stage!r}")
+        self.stage = stage
         self.dir = Path(dir)
         self.interval_steps = interval_steps
         self.async_ = async_
@@ -100,6 +109,15 @@ class Checkpointer:
         self._inflight_step: int | None = None
         self._inflight_path: Path | None = None
         self._arena: torch.Tensor | None = None
+        self._dev_arena: torch.Tensor | None = None
+        self._d2h_stream: Any = None
+        # Pruning runs on its own thread after a checkpoint is durable, so the next save waits for
+        # durability only, not for deleting old checkpoints (slow on filesystems mounted with
+        # `discard`: ~2.6 s for 6.4 GB on the H200 machine's ext4).
+        self._prune_exec = ThreadPoolExecutor(1, thread_name_prefix="resctl-ckpt-prune")
+        self._prune_fut: Future[None] | None = None
+        #: Seconds the last prune took (diagnostics; None before the first one).
+        self.last_prune_s: float | None = None
         self._cleaned = False
         self._beat_lock = threading.Lock()
         self._last_beat = 0.0
@@ -249,8 +267,32 @@ class Checkpointer:
         return message
 
     def wait(self) -> None:
-        """Block until the in-flight write is durable; raise `CheckpointError` if it failed."""
-        self._wait_previous()
+        """Block until the in-flight write is durable and old checkpoints are pruned; raise
+        `CheckpointError` if the write failed."""
+        try:
+            self._wait_previous()
+        finally:
+            self._wait_prune()
+
+    def _wait_prune(self) -> None:
+        fut, self._prune_fut = self._prune_fut, None
+        if fut is not None:
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - a failed prune leaves extra checkpoints, no harm
+                log.warning("pruning old checkpoints in %s failed", self.dir, exc_info=True)
+
+    def _prune_after_durable(self) -> None:
+        """Prune now when saving synchronously; else on the prune thread (one at a time, in order)."""
+        if not self.async_:
+            self._timed_prune()
+            return
+        self._prune_fut = self._prune_exec.submit(self._timed_prune)
+
+    def _timed_prune(self) -> None:
+        t0 = time.monotonic()
+        self.prune()
+        self.last_prune_s = time.monotonic() - t0
 
     def pending_path(self) -> Path | None:
         """The final path of the write in flight, if any (used by the torch.load interceptor)."""
@@ -264,6 +306,7 @@ class Checkpointer:
         finally:
             self._bg.shutdown(wait=True)
             self._pool.shutdown(wait=True)
+            self._prune_exec.shutdown(wait=True)
 
     def _wait_previous(self) -> float:
         fut, step = self._inflight, self._inflight_step
@@ -313,21 +356,49 @@ class Checkpointer:
             if entry.name.startswith((".tmp-step-", ".trash-")) and entry.is_dir():
                 shutil.rmtree(entry.path, ignore_errors=True)
 
-    def _stage(self, tensors: list[torch.Tensor], total: int) -> torch.Tensor:
-        """Copy `tensors` into the arena at their stream offsets; return the arena's first `total` bytes."""
-        on_cuda = any(t.device.type == "cuda" for t in tensors)
+    def _host_arena(self, total: int, pinned: bool) -> torch.Tensor:
         arena = self._arena
-        if arena is None or arena.numel() < total or (on_cuda and not arena.is_pinned()):
+        if arena is None or arena.numel() < total or (pinned and not arena.is_pinned()):
             # Reused between saves: allocating (and, on CUDA, pinning) GBs each time costs more than the copy.
             self._arena = None
-            arena = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=on_cuda)
+            arena = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=pinned)
             self._arena = arena
+        return arena
+
+    def _device_arena(self, device: torch.device, total: int) -> torch.Tensor | None:
+        arena = self._dev_arena
+        if arena is None or arena.numel() < total or arena.device != device:
+            self._dev_arena = arena = None  # let the old buffer go before taking a larger one
+            try:
+                arena = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+            except torch.cuda.OutOfMemoryError:
+                log.warning(
+                    "checkpoint stage='device' needs %.2f GB free on %s; staging to host memory instead",
+                    total / 1e9, device,
+                )
+                return None
+            self._dev_arena = arena
+        return arena
+
+    def _stage(self, tensors: list[torch.Tensor], total: int) -> torch.Tensor:
+        """Copy `tensors` into an arena at their stream offsets; return the arena's first `total` bytes.
+
+        The arena is pinned host memory (a CPU tensor), or with stage="device" and CUDA tensors a
+        device buffer (a CUDA tensor) that the background job copies to host before writing."""
+        on_cuda = any(t.device.type == "cuda" for t in tensors)
+        arena: torch.Tensor | None = None
+        if on_cuda and self.stage == "device":
+            device = next(t.device for t in tensors if t.device.type == "cuda")
+            arena = self._device_arena(device, total)
+        if arena is None:
+            arena = self._host_arena(total, pinned=on_cuda)
+        non_blocking = on_cuda and not arena.is_cuda
         specs, _ = fmt.plan_stream(tensors)
         for t, spec in zip(tensors, specs):
             if spec.nbytes == 0:
                 continue
             dst = arena.narrow(0, spec.offset, spec.nbytes).view(t.dtype).view(t.shape)
-            dst.copy_(t.detach(), non_blocking=on_cuda)
+            dst.copy_(t.detach(), non_blocking=non_blocking)
         # Padding stays whatever it was; zero it so a file's bytes (and CRC) depend only on the state.
         pos = 0
         for spec in specs:
@@ -340,6 +411,19 @@ class Checkpointer:
             # Conservative: the caller may update its tensors from another stream right after save().
             torch.cuda.synchronize()
         return arena.narrow(0, 0, total)
+
+    def _to_host(self, staged: torch.Tensor) -> torch.Tensor:
+        """A device-staged stream copied into the pinned host arena (in the background job, on a
+        side stream so the training loop's stream is not held)."""
+        with torch.cuda.device(staged.device):
+            host = self._host_arena(staged.numel(), pinned=True).narrow(0, 0, staged.numel())
+            if self._d2h_stream is None:
+                self._d2h_stream = torch.cuda.Stream()
+            stream = self._d2h_stream
+            with torch.cuda.stream(stream):
+                host.copy_(staged, non_blocking=True)
+            stream.synchronize()
+        return host
 
     def _save_plain(self, entries: dict[str, Any], stateful: list[str], step: int) -> None:
         tensors: list[torch.Tensor] = []
@@ -374,6 +458,8 @@ class Checkpointer:
         tmp = self.dir / f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.mkdir()
         try:
+            if staged.is_cuda:
+                staged = self._to_host(staged)
             view = fmt.byte_view(staged)
             ranges = fmt.split_ranges(total, self.writers)
             futures = [
@@ -407,7 +493,7 @@ class Checkpointer:
         self.events.emit(
             "ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=total + len(meta)
         )
-        self.prune()
+        self._prune_after_durable()
 
     def publish(self, tmp: Path, step: int) -> Path:
         """Make a complete temp directory visible as `step-<N>` (atomically) and make that durable."""

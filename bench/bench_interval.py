@@ -1,0 +1,114 @@
+"""Prediction vs reality for `resctl tune-interval`: calibrate on a short run, predict, run, compare.
+
+    python bench/bench_interval.py                       # defaults: CPU, 1 worker, ~100 MB of state
+    python bench/bench_interval.py --intervals 2 5 20 60 --steps 240 --width 2048 --step-time 0.05
+
+1. *baseline*: `examples/train_ckpt.py` under `resctl run` with checkpoints effectively off (an
+   interval longer than the run): the mean step time `t0` is the throughput without checkpoints.
+2. *calibration*: one short run at `--calibrate-interval`; its events give the model's inputs
+   (step compute, save stall, write time) exactly as `resctl tune-interval --from-run` reads them.
+3. for every interval in `--intervals`: predict the efficiency with `resctl.tuning.evaluate`,
+   run the job at that interval, and measure the efficiency as AWS does: throughput relative to
+   the baseline, `t0 * steps / wall`, over the reference rank's steps (first step excluded).
+
+Prints one table and, with `--json FILE`, writes every number. The model's efficiency is
+`tau / P` with `tau = n * step compute`; the measured one divides by the baseline step time, so
+any slowdown of compute while a write runs in the background shows up as a prediction error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from resctl.telemetry.events import read_events  # noqa: E402
+from resctl.telemetry.goodput import analyze  # noqa: E402
+from resctl.tuning.model import Costs, evaluate  # noqa: E402
+
+
+def run_job(work: Path, name: str, interval: int, args: argparse.Namespace) -> Path:
+    """One `resctl run` of examples/train_ckpt.py; returns its run directory."""
+    run_dir = work / name
+    ckpt = work / f"ckpt-{name}"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "resctl", "run", "-p", str(REPO / "examples/profiles/local-cpu.toml"),
+        "--nproc-per-node", str(args.nproc), "--run-dir", str(run_dir),
+        "--set", f"checkpoint.interval_steps={interval}", "--set", f'checkpoint.dir="{ckpt}"',
+        "--set", f"checkpoint.writers={args.writers}", "--set", "checkpoint.keep_last=1",
+        str(REPO / "examples/train_ckpt.py"), "--steps", str(args.steps), "--width", str(args.width),
+        "--step-time", str(args.step_time),
+    ]
+    t = time.monotonic()
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"{name}: resctl run failed with exit {proc.returncode}")
+    print(f"  {name}: interval {interval}, {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return run_dir
+
+
+def step_span(run_dir: Path) -> tuple[int, float]:
+    """(steps after the first, seconds from the first to the last step) of rank 0."""
+    steps = sorted(float(e["t"]) for e in read_events(run_dir) if e["kind"] == "step" and e["rank"] == 0)
+    return len(steps) - 1, steps[-1] - steps[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--intervals", type=int, nargs="+", default=[2, 5, 20, 60])
+    ap.add_argument("--calibrate-interval", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=240)
+    ap.add_argument("--calibrate-steps", type=int, default=100)
+    ap.add_argument("--width", type=int, default=2048, help="model width: state = 3 x (4 w^2 + 3 w + 1) floats")
+    ap.add_argument("--step-time", type=float, default=0.05, help="pretend compute per step (sleep) in the script")
+    ap.add_argument("--nproc", type=int, default=1)
+    ap.add_argument("--writers", type=int, default=2)
+    ap.add_argument("--work", default="", help="directory for runs and checkpoints (default: a temp dir)")
+    ap.add_argument("--json", default="", help="write all numbers here")
+    args = ap.parse_args()
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="resctl-bench-interval-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work dir {work}", file=sys.stderr)
+    base_n, base_s = step_span(run_job(work, "baseline", args.steps * 10, args))
+    t0 = base_s / base_n
+    cal_args = argparse.Namespace(**{**vars(args), "steps": args.calibrate_steps})
+    cal = analyze(read_events(run_job(work, "calibration", args.calibrate_interval, cal_args))).calibration
+    assert cal.stall is not None and cal.write is not None, "the calibration run saved no checkpoint"
+    costs = Costs(step_time=cal.step_time, stall=cal.stall, write=cal.write)
+    rows: list[dict[str, Any]] = []
+    for n in args.intervals:
+        pred = evaluate(n, costs)
+        steps, span = step_span(run_job(work, f"interval-{n}", n, args))
+        measured = t0 * steps / span
+        rows.append({"interval": n, "regime": pred.regime, "predicted": pred.efficiency, "measured": measured,
+                     "error_pp": 100 * (pred.efficiency - measured)})
+    print(f"baseline step {t0 * 1e3:.2f} ms; calibration (interval {args.calibrate_interval}): step compute "
+          f"{cal.step_time * 1e3:.2f} ms, stall {cal.stall * 1e3:.1f} ms, write {cal.write * 1e3:.0f} ms, "
+          f"{(cal.write_bytes or 0) / 1e6:.0f} MB per checkpoint")
+    print(f"{'interval':>8} {'regime':>14} {'predicted':>10} {'measured':>9} {'error':>8}")
+    for r in rows:
+        print(f"{r['interval']:>8} {r['regime']:>14} {r['predicted']:>10.2%} {r['measured']:>9.2%} {r['error_pp']:>+7.2f}pp")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": platform.node(),
+            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "baseline_step_s": t0,
+            "calibration": vars(cal), "rows": rows}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
