@@ -12,6 +12,9 @@ Verdicts:
   write        FAIL below the throughput the checkpoints need: doctor.min_storage_gbps, or
                checkpoint_size_gb / checkpoint_every (an async write must finish before the next
                starts). FAIL when the directory is not writable.
+  direct       measured only: the same bytes written with O_DIRECT (what the storage sustains;
+               comparable with dd oflag=direct and fio). Far above `write`: the host's page-cache
+               writeback is the bottleneck of buffered checkpoint writes.
   read         measured only (restore speed after a fault).
   lustre       FAIL /sys/fs/lustre/health_check says anything but "healthy".
 
@@ -19,11 +22,13 @@ The throughput test writes `doctor.storage_test_mb` MB of incompressible data wi
 `checkpoint.writers` threads (one file each, 8 MiB writes), fsyncs every file and the directory,
 and reports bytes / wall time from the first write to the last fsync. It then drops the files
 from the page cache (posix_fadvise DONTNEED) and reads them back with the same threads, with
-O_DIRECT where the file system allows it, so the read is not served from memory.
+O_DIRECT where the file system allows it, so the read is not served from memory. Last, it writes
+the same bytes again with O_DIRECT into fresh files.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
@@ -52,13 +57,20 @@ class Mount:
 
 @dataclass(frozen=True)
 class Throughput:
-    """One write+fsync+read test. Rates in decimal GB/s."""
+    """One write+fsync+read test. Rates in decimal GB/s.
+
+    `write_s` is the buffered path checkpoints take (write, then fsync); `direct_s` the same bytes
+    written with O_DIRECT (what the storage itself sustains, as `dd oflag=direct` or fio measure),
+    None where the file system refuses O_DIRECT. A large gap means the host's page-cache
+    writeback, not the storage, limits checkpoint writes.
+    """
 
     bytes: int
     writers: int
     write_s: float
     read_s: float
-    read_method: str  # "O_DIRECT" or "fadvise" (page cache dropped) or "buffered"
+    read_method: str  # "O_DIRECT" or "fadvise" (page cache dropped, buffered read)
+    direct_s: Optional[float] = None
 
     @property
     def write_gbps(self) -> float:
@@ -67,6 +79,10 @@ class Throughput:
     @property
     def read_gbps(self) -> float:
         return self.bytes / self.read_s / 1e9
+
+    @property
+    def direct_gbps(self) -> Optional[float]:
+        return self.bytes / self.direct_s / 1e9 if self.direct_s else None
 
 
 class Cancelled(Exception):
@@ -90,19 +106,24 @@ def find_mount(mounts_text: str, path: str) -> Optional[Mount]:
 
 def measure(directory: Path, total_bytes: int, writers: int,
             progress: Optional[Callable[[str, int, int], None]] = None,
-            cancel: Optional[threading.Event] = None) -> Throughput:
-    """Write `total_bytes` into `directory` with `writers` threads, fsync, then read it back.
+            cancel: Optional[threading.Event] = None, direct: bool = True) -> Throughput:
+    """Write `total_bytes` into `directory` with `writers` threads, fsync, read it back, and
+    (with `direct`) write it again with O_DIRECT into fresh files.
 
-    Files are created in a fresh subdirectory, which is removed afterwards.
+    Files are created in a fresh subdirectory, which is removed afterwards. Every phase is timed
+    from its first byte to the last thread's fsync (or read) returning.
 
     Raises:
         OSError: the directory is not writable or the disk filled up.
     """
     writers = max(1, writers)
-    per = max(1, math.ceil(total_bytes / writers))
+    # whole 4 KiB blocks, so the O_DIRECT phase writes exactly the same bytes
+    per = max(4096, math.ceil(total_bytes / writers / 4096) * 4096)
     chunk = min(CHUNK, per)
     total = per * writers
-    data = os.urandom(chunk)  # incompressible: compressing file systems must not flatter the number
+    aligned = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT requires
+    aligned.write(os.urandom(chunk))  # incompressible: compressing file systems must not flatter the number
+    data = memoryview(aligned)
     work = Path(tempfile.mkdtemp(prefix=".resctl-doctor-", dir=directory))
     files = [work / f"w{i}.bin" for i in range(writers)]
     done = [0]
@@ -128,20 +149,21 @@ def measure(directory: Path, total_bytes: int, writers: int,
             raise errors[0]
         return elapsed
 
-    def write(path: Path) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            left = per
-            while left:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled()
-                n = os.write(fd, view[: min(chunk, left)])
-                left -= n
-                tick("write", n)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def writer(flags: int, phase: str) -> Callable[[Path], None]:
+        def write(path: Path) -> None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o600)
+            try:
+                left = per
+                while left:
+                    if cancel is not None and cancel.is_set():
+                        raise Cancelled()
+                    n = os.write(fd, data[: min(chunk, left)])
+                    left -= n
+                    tick(phase, n)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return write
 
     method = ["O_DIRECT"]
 
@@ -169,7 +191,7 @@ def measure(directory: Path, total_bytes: int, writers: int,
             buf.close()
 
     try:
-        write_s = parallel(write)
+        write_s = parallel(writer(0, "write"))
         dfd = os.open(work, os.O_RDONLY)
         try:
             os.fsync(dfd)
@@ -184,9 +206,23 @@ def measure(directory: Path, total_bytes: int, writers: int,
                 os.close(fd)
         done[0] = 0
         read_s = parallel(read)
-        return Throughput(total, writers, write_s_total, read_s, method[0])
+        direct_s = None
+        flag = getattr(os, "O_DIRECT", 0)
+        if direct and flag:
+            for f in files:
+                f.unlink()
+            done[0] = 0
+            try:
+                direct_s = parallel(writer(flag, "write O_DIRECT"))
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                errors.clear()  # this file system refuses O_DIRECT: no device number, not an error
+        return Throughput(total, writers, write_s_total, read_s, method[0], direct_s)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        data.release()
+        aligned.close()
 
 
 def _guard(fn: Callable[[Path], None], errors: list[BaseException]) -> Callable[[Path], None]:
@@ -286,7 +322,14 @@ def _throughput(ctx: Context, path: str, space: Check) -> list[Check]:
                       round(need, 3) if need else None, "GB/s")
     r = round(result.read_gbps, 3)
     read = Check("read", Status.PASS, f"{r} GB/s ({result.writers} readers, {result.read_method})", r, None, "GB/s")
-    return [write, read]
+    d = result.direct_gbps
+    if d is None:
+        device = Check("direct", Status.SKIP, "the file system refuses O_DIRECT")
+    else:
+        gap = " (page-cache writeback, not the storage, limits buffered writes)" if d > 1.5 * result.write_gbps else ""
+        device = Check("direct", Status.PASS, f"{d:.3f} GB/s with O_DIRECT, as dd oflag=direct / fio measure{gap}",
+                       round(d, 3), None, "GB/s")
+    return [write, device, read]
 
 
 def _lustre(ctx: Context, mount: Check) -> Optional[Check]:
