@@ -206,8 +206,8 @@ def analyze(events: Iterable[Event], plan: Mapping[str, Any] | None = None) -> R
     kept: list[tuple[float, int, float]] = []
     steps_run = 0
     for i, key in enumerate(order):
-        later = [resume_of[k] for k in order[i + 1:] if resume_of[k] is not None]
-        cutoff = min(later) if later else math.inf  # type: ignore[type-var]
+        later = [r for k in order[i + 1:] if (r := resume_of[k]) is not None]
+        cutoff: float = min(later) if later else math.inf
         for t, step, compute in ref_steps[key]:
             steps_run += 1
             if step <= cutoff:

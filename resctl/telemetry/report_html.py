@@ -19,8 +19,8 @@ PHASES = (("detection", "#d62728"), ("restart", "#ff7f0e"), ("load", "#1f77b4"),
 
 def figures(a: RunAnalysis) -> list[Any]:
     """The plotly figures of the report (timeline + goodput + freshness; recovery phases)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go  # type: ignore[import-untyped]
+    from plotly.subplots import make_subplots  # type: ignore[import-untyped]
 
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.5, 0.25, 0.25],
                         subplot_titles=("timeline: steps, faults, restarts, checkpoints",
