@@ -8,7 +8,8 @@ Runs three ways, unchanged:
 
 Everything that decides the result is a pure function of its inputs: parameters come from a fixed
 seed, the batch of a step is generated from `(step, rank)` alone, the model has no randomness
-(no dropout) and gloo reduces in a fixed order for a fixed world size. So a run that was killed,
+(no dropout), and gradients are averaged in one all-reduce over a fixed layout, so gloo adds
+them in the same order for a given world size. So a run that was killed,
 restarted and resumed from its newest checkpoint ends with a model *and* Adam state bitwise equal
 to a run that never failed — which is what tests/integration/test_recovery.py checks.
 
@@ -45,6 +46,25 @@ def build_model(width: int) -> nn.Module:
     return nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, 1))
 
 
+def average_gradients(model: nn.Module, world: int) -> None:
+    """Data-parallel gradient averaging in one all-reduce over a fixed flat layout.
+
+    Not DDP on purpose: DDP re-buckets gradients by arrival order after its first iteration, and
+    the bucket layout decides how gloo's ring all-reduce splits the sum into chunks. With more than
+    two ranks a different split adds the same numbers in a different order, so a run resumed from a
+    checkpoint (whose first step uses the initial buckets) would differ in the last bits from one
+    that never stopped. One flat buffer in parameter order gives the same sums every time.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset: offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=50, help="train until this optimizer step")
@@ -65,7 +85,7 @@ def main() -> None:
         checkpoint.configure(dir=args.ckpt_dir or "checkpoints", interval_steps=args.save_every or 100)
 
     model = build_model(args.width)
-    net: nn.Module = nn.parallel.DistributedDataParallel(model) if distributed else model
+    world = dist.get_world_size() if distributed else 1
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     state = {"model": model, "optim": opt}
     start = checkpoint.load(state)
@@ -75,9 +95,11 @@ def main() -> None:
     loss = torch.zeros(())
     for step in range(start + 1, args.steps + 1):
         x, y = batch(step, rank, args.width)
-        loss = nn.functional.mse_loss(net(x), y)
+        loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if distributed:
+            average_gradients(model, world)
         opt.step()
         if args.step_time:
             time.sleep(args.step_time)

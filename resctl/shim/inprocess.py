@@ -216,7 +216,12 @@ def build_wrapper(shim: "Shim", port: int, sockets: GlooSockets | None = None) -
         ),
         health_check=health,
         monitor_thread_interval=_seconds(cfg.monitor_interval),
-        monitor_process_interval=_seconds(cfg.monitor_interval),
+        # NVRx 0.4.1's monitor process checks timeouts only when no message arrived within its
+        # interval (a TIMESTAMP message `continue`s the loop). The progress watchdog sends one every
+        # progress_interval even while the main thread is blocked, so with progress_interval <=
+        # monitor interval the checks can starve and a hang is only caught when the launcher or
+        # hard_timeout kills something. Poll at least twice per progress interval.
+        monitor_process_interval=_seconds(min(cfg.monitor_interval, cfg.progress_interval / 2)),
         heartbeat_interval=_seconds(cfg.monitor_interval),
         progress_watchdog_interval=_seconds(cfg.progress_interval),
         soft_timeout=_seconds(cfg.soft_timeout),
@@ -262,7 +267,7 @@ def run_wrapped(shim: "Shim", target: "Target") -> None:
     def iteration(call_wrapper: Any = None) -> None:
         current["iteration"] = call_wrapper.iteration
         shim.events.iteration = call_wrapper.iteration
-        shim.progress = call_wrapper.ping
+        shim.set_progress(call_wrapper.ping)
         if call_wrapper.iteration > 0:
             shim.events.emit("restart", layer="inprocess", step=shim.step)
             shim.settle_checkpoint()
@@ -279,7 +284,7 @@ def run_wrapped(shim: "Shim", target: "Target") -> None:
                                  error=f"{type(err).__name__}: {err}")
             raise
         finally:
-            shim.progress = None
+            shim.set_progress(None)
 
     # NVRx passes the CallWrapper to a parameter annotated with its class (a real class, not the
     # string `from __future__ import annotations` makes); signature.bind runs first, hence the default.

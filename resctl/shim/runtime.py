@@ -35,6 +35,7 @@ from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.telemetry.events import EventLog, host
 
 EXIT_SIGTERM = 143
+PING_EVERY = 0.1  # seconds between progress pings to the in-process wrapper (rate limit)
 
 
 @dataclass
@@ -136,6 +137,7 @@ class Shim:
         self.checkpointer: Any = None
         #: The in-process wrapper's progress ping for the running iteration (None without one).
         self.progress: Optional[Callable[[], None]] = None
+        self._last_ping = 0.0
 
     # -- hooks -------------------------------------------------------------------------------
     def on_optimizer_step(self, *_: Any) -> None:
@@ -153,11 +155,20 @@ class Shim:
     def ping(self) -> None:
         """Tell the in-process wrapper's progress watchdog that training is progressing."""
         progress = self.progress
-        if progress is not None:
+        now = time.monotonic()
+        # Each ping is a message to the NVRx monitor process; a few per second are plenty.
+        if progress is not None and now - self._last_ping >= PING_EVERY:
+            self._last_ping = now
             try:
                 progress()
             except Exception:  # the wrapper may be between iterations; progress is best effort
                 pass
+
+    def set_progress(self, ping: Optional[Callable[[], None]]) -> None:
+        """Install (or clear) the progress ping of the running in-process iteration; its first
+        step pings at once, which starts NVRx's manual progress timeout for the iteration."""
+        self.progress = ping
+        self._last_ping = 0.0
 
     def checkpoint_beat(self) -> None:
         """Heartbeat for the checkpoint engine (before/after saves, during long writes)."""
@@ -203,9 +214,10 @@ class Shim:
         while True:
             time.sleep(0.05)
 
-    def on_resume(self, step: int) -> None:
+    def on_resume(self, step: int, load_seconds: float = 0.0) -> None:
         self.step = step
-        self.events.emit("resume", step=step)
+        self._last_step_t = time.monotonic()  # the first step's duration excludes start-up and load
+        self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6))
 
     def on_sigterm(self, signum: int, _frame: Any) -> None:
         self.sigterm_at = time.monotonic()
@@ -283,8 +295,9 @@ class Shim:
         load = ckpt.load
 
         def load_and_record(state: Any) -> int:
+            t0 = time.monotonic()
             step = load(state)
-            self.on_resume(step)
+            self.on_resume(step, load_seconds=time.monotonic() - t0)
             return step
 
         ckpt.load = load_and_record  # type: ignore[method-assign]
@@ -345,8 +358,9 @@ def main(argv: list[str]) -> int:
         shim.finish("ok" if code == 0 else "error")
         raise
     except BaseException as err:
-        shim.events.emit("fault", cause="exception", injected=isinstance(err, InjectedFault), step=shim.step,
-                         error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=20))
+        if not isinstance(err, InjectedFault):  # an injected one was recorded when it fired
+            shim.events.emit("fault", cause="exception", injected=False, step=shim.step,
+                             error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=20))
         shim.finish("error")
         raise
     _finish_checkpoints(shim)
