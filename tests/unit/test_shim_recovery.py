@@ -1,0 +1,67 @@
+"""Unit tests for the shim's recovery pieces: drills, in-process settings, gloo connection cut."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from resctl.errors import UsageError
+from resctl.profile.schema import InProcess, Profile
+from resctl.shim.faults import FaultPlan, parse_schedule
+from resctl.shim.inprocess import GlooSockets, check_settings
+from resctl.shim.runtime import Shim
+
+
+def test_schedule_parses_and_fires_once_per_run(tmp_path) -> None:
+    schedule = parse_schedule("exception@8:1,sigkill@12,hang@13:1")
+    assert schedule[1] == {"kind": "sigkill", "step": 12, "rank": 0}
+    plan = FaultPlan(schedule, rank=1, run_dir=tmp_path)
+    assert plan.take(8, "exception") and not plan.take(8, "exception")
+    # A restarted incarnation (new FaultPlan, same run dir) does not fire it again.
+    assert not FaultPlan(schedule, rank=1, run_dir=tmp_path).take(8, "exception")
+    assert FaultPlan(schedule, rank=1, run_dir=tmp_path).take(13, "hang")
+
+
+def test_nvrx_orderings_are_reported_with_the_keys() -> None:
+    cfg = InProcess(soft_timeout=5, hard_timeout=8, barrier_timeout=15)  # heartbeat_timeout 30 > barrier
+    with pytest.raises(UsageError, match="inprocess.heartbeat_timeout < inprocess.barrier_timeout"):
+        check_settings(cfg)
+    check_settings(InProcess(soft_timeout=5, hard_timeout=8, barrier_timeout=15, heartbeat_timeout=10))
+
+
+def test_progress_pings_are_rate_limited_and_reset_per_iteration() -> None:
+    shim = Shim(Profile(), None, env={})
+    pings: list[float] = []
+    shim.set_progress(lambda: pings.append(time.monotonic()))
+    for _ in range(50):
+        shim.ping()
+    assert len(pings) == 1
+    shim.set_progress(lambda: pings.append(time.monotonic()))  # a new iteration pings at once
+    shim.ping()
+    assert len(pings) == 2
+
+
+def test_cutting_tracked_connections_wakes_a_blocked_reader() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    tracker = GlooSockets()
+    holder: dict[str, socket.socket] = {}
+
+    def connect() -> None:
+        holder["client"] = socket.create_connection(("127.0.0.1", port))
+
+    tracker.track(connect)()
+    peer, _ = server.accept()
+    result: dict[str, bytes] = {}
+    reader = threading.Thread(target=lambda: result.setdefault("data", holder["client"].recv(10)))
+    reader.start()
+    time.sleep(0.1)
+    assert reader.is_alive(), "blocked in recv"
+    assert tracker.cut() == 1  # the listening socket was not created inside track(), and is never cut
+    reader.join(2)
+    assert not reader.is_alive() and result["data"] == b""
+    for s in (peer, holder["client"], server):
+        s.close()
