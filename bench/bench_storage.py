@@ -76,19 +76,27 @@ def storage(args: argparse.Namespace) -> dict[str, Any]:
     for streams in [int(w) for w in args.writers.split(",")]:
         runs: dict[str, list[float]] = {"doctor_direct": [], "dd_direct": [], "fio_direct": [],
                                         "doctor_buffered": [], "dd_buffered": [], "doctor_read": [], "dd_read": []}
-        for _ in range(args.repeats):
+        for rep in range(args.repeats):
             work = Path(tempfile.mkdtemp(prefix="bench-storage-", dir=base))
             try:
-                t = measure(work, total, streams)
-                runs["doctor_buffered"].append(t.write_gbps)
-                runs["doctor_read"].append(t.read_gbps)
-                runs["doctor_direct"].append(t.direct_gbps or 0.0)
-                w, r = dd_write(work, total, streams, read=True)
-                runs["dd_direct"].append(w)
-                runs["dd_read"].append(r)
-                runs["dd_buffered"].append(dd_write(work, total, streams, read=False, direct=False)[0])
-                if fio:
-                    runs["fio_direct"].append(fio_write(work, total, streams))
+                def doctor() -> None:
+                    t = measure(work, total, streams)
+                    runs["doctor_buffered"].append(t.write_gbps)
+                    runs["doctor_read"].append(t.read_gbps)
+                    runs["doctor_direct"].append(t.direct_gbps or 0.0)
+
+                def tools() -> None:
+                    w, r = dd_write(work, total, streams, read=True)
+                    runs["dd_direct"].append(w)
+                    runs["dd_read"].append(r)
+                    runs["dd_buffered"].append(dd_write(work, total, streams, read=False, direct=False)[0])
+                    if fio:
+                        runs["fio_direct"].append(fio_write(work, total, streams))
+
+                # alternate who goes first: on a VM disk the host may still be flushing the previous
+                # writer's data, which would always handicap the second
+                for step in ((doctor, tools) if rep % 2 == 0 else (tools, doctor)):
+                    step()
             finally:
                 shutil.rmtree(work, ignore_errors=True)
         med = {k: statistics.median(v) for k, v in runs.items() if v}
@@ -97,9 +105,11 @@ def storage(args: argparse.Namespace) -> dict[str, Any]:
         rows.append({"writers": streams, **{k: round(v, 3) for k, v in med.items()},
                      "all": {k: [round(x, 3) for x in v] for k, v in runs.items() if v},
                      "direct_ratio_doctor_dd": round(ratio, 3), "within_15pct": abs(ratio - 1) <= 0.15,
-                     "buffered_ratio_doctor_dd": round(buffered, 3)})
+                     "buffered_ratio_doctor_dd": round(buffered, 3),
+                     "direct_ratio_doctor_fio": round(med["doctor_direct"] / med["fio_direct"], 3) if fio else None})
         print(f"writers={streams}: O_DIRECT write doctor {med['doctor_direct']:.3f} vs dd oflag=direct "
-              f"{med['dd_direct']:.3f} GB/s (ratio {ratio:.3f})" + (f", fio {med['fio_direct']:.3f}" if fio else "")
+              f"{med['dd_direct']:.3f} GB/s (ratio {ratio:.3f})" + (f", fio --direct=1 {med['fio_direct']:.3f} (ratio {med['doctor_direct'] / med['fio_direct']:.3f})"
+                 if fio else "")
               + f"; buffered+fsync doctor {med['doctor_buffered']:.3f} vs dd conv=fsync {med['dd_buffered']:.3f} "
               f"(ratio {buffered:.3f}); read doctor {med['doctor_read']:.3f} vs dd iflag=direct "
               f"{med['dd_read']:.3f} GB/s", flush=True)

@@ -193,6 +193,20 @@ def test_single_gpu_without_nvlink_skips(tmp_path: Path) -> None:
     assert verdicts(report) == {"nvlink.-": "SKIP"} and "no NVLink on NVIDIA H200" in report.probes[0].checks[0].message
 
 
+def test_real_h200_snapshot(tmp_path: Path) -> None:
+    """The NVML view recorded on the GPU machine (one H200, no NVLink) through the same probes."""
+    root = tmp_path / "h200"
+    root.mkdir()
+    shutil.copy(NODES / "h200-single" / "nvml.json", root / "nvml.json")
+    report = doctor(root, tmp_path, only=["gpu", "nvlink"])
+    assert verdicts(report) == {**{k: "PASS" for k in HEALTHY if k.startswith("gpu.")}, "nvlink.-": "SKIP"}
+    assert check(report, "gpu.model").measured == "NVIDIA H200" and check(report, "gpu.memory").measured == 150.75
+    assert check(report, "gpu.driver").measured == "580.159.04 (CUDA 13.0)"
+    p5e = doctor(root, tmp_path, "doctor.instance_type=p5e.48xlarge", only=["gpu", "nvlink"])
+    assert check(p5e, "gpu.count").message == "1 of 8 GPUs visible" and check(p5e, "gpu.model").status == Status.PASS
+    assert check(p5e, "nvlink.links").status == Status.FAIL  # 0 of 18 expected links
+
+
 def test_hung_driver_call_times_out(tmp_path: Path) -> None:
     t0 = time.monotonic()
     report = doctor(node("p5-healthy", tmp_path), tmp_path, "doctor.timeout=0.3", only=["gpu", "shm"],
