@@ -20,7 +20,7 @@ from resctl.errors import ResctlError
 
 
 def _resolve(host: str) -> list[str]:
-    return sorted({info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
+    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
 
 
 def run(ctx: Context) -> list[Check]:

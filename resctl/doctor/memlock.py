@@ -29,9 +29,9 @@ def _limits(ctx: Context) -> tuple[float, float]:
         return conv(soft), conv(hard)
     for line in text.splitlines():
         if line.startswith("Max locked memory"):
-            soft, hard = line[len("Max locked memory"):].split()[:2]
+            words = line[len("Max locked memory"):].split()[:2]
             conv2 = lambda v: float("inf") if v == "unlimited" else float(v)  # noqa: E731
-            return conv2(soft), conv2(hard)
+            return conv2(words[0]), conv2(words[1])
     raise Skip("no 'Max locked memory' line in /proc/self/limits")
 
 

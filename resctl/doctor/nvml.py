@@ -98,7 +98,7 @@ class PynvmlAdapter:
             with warnings.catch_warnings():
                 # the `pynvml` shim distribution warns on import; nvidia-ml-py provides the same module
                 warnings.simplefilter("ignore")
-                import pynvml
+                import pynvml  # type: ignore[import-untyped]
         except ImportError as err:
             raise NvmlUnavailable(f"nvidia-ml-py is not installed ({err})") from err
         self._nv: Any = pynvml
