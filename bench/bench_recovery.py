@@ -79,13 +79,15 @@ def breakdown(events: list[dict[str, Any]], layer: str) -> list[dict[str, float]
     return rows
 
 
-def run(mode: str, faults: int, nproc: int, workdir: Path) -> dict[str, Any]:
+def run(mode: str, faults: int, nproc: int, workdir: Path, worker_start: str = "exec") -> dict[str, Any]:
     kind = "exception" if mode == "inprocess" else "sigkill"
     steps = 10 * faults + 10
     schedule = ",".join(f"{kind}@{10 * i + 7}:{i % nproc}" for i in range(1, faults + 1))
+    workdir.mkdir(parents=True, exist_ok=True)
     run_dir = workdir / mode
     sets = [f"checkpoint.dir={workdir / (mode + '-ckpt')}", "checkpoint.interval_steps=5",
             "launch.monitor_interval=0.5s", f"launch.max_restarts={faults + 2}", "heartbeat.timeout=20s",
+            f'launch.worker_start="{worker_start}"',
             *(IN_PROCESS + [f"inprocess.min_world_size={nproc}"] if mode == "inprocess" else [])]
     cmd = [sys.executable, "-m", "resctl", "run", "-p", str(PROFILE), "--nproc-per-node", str(nproc),
            "--run-dir", str(run_dir)]
@@ -100,7 +102,7 @@ def run(mode: str, faults: int, nproc: int, workdir: Path) -> dict[str, Any]:
         raise SystemExit(f"{mode} run failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
     rows = breakdown(load_events(run_dir), mode)
     med = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]} if rows else {}
-    return {"mode": mode, "fault": kind, "faults_measured": len(rows), "p50": med,
+    return {"mode": mode, "worker_start": worker_start, "fault": kind, "faults_measured": len(rows), "p50": med,
             "max_total": round(max(r["total"] for r in rows), 3) if rows else None,
             "totals": [round(r["total"], 3) for r in rows], "wall_s": round(wall, 1)}
 
@@ -110,10 +112,14 @@ def main() -> None:
     ap.add_argument("--faults", type=int, default=11)
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--mode", choices=["both", "inprocess", "injob"], default="both")
+    ap.add_argument("--worker-start", choices=["exec", "fork", "both"], default="exec",
+                    help="launch.worker_start for the runs; both measures in-job restart with each")
     args = ap.parse_args()
     modes = ["inprocess", "injob"] if args.mode == "both" else [args.mode]
     with tempfile.TemporaryDirectory(prefix="resctl-bench-recovery-") as tmp:
-        results = [run(m, args.faults, args.nproc, Path(tmp)) for m in modes]
+        starts = ["exec", "fork"] if args.worker_start == "both" else [args.worker_start]
+        results = [run(m, args.faults, args.nproc, Path(tmp) / ws, ws) for ws in starts for m in modes
+                   if not (m == "inprocess" and ws == "fork" and len(starts) > 1)]
     print(json.dumps({"nproc": args.nproc, "monitor_interval_s": 0.5, "cpus": os.cpu_count(),
                       "date": time.strftime("%Y-%m-%d"), "results": results}, indent=2))
 

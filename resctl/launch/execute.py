@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from resctl.errors import LaunchError
 from resctl.launch import rendezvous
-from resctl.launch.plan import LAUNCHER_MODULE, LaunchPlan, Target, plan
+from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan
 from resctl.profile.load import Layer, resolve
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
@@ -44,8 +44,9 @@ def prepare(profile: Path | None, flags: Layer, sets: Sequence[str], target: Tar
 
 
 def launcher_program() -> list[str]:
-    # The same interpreter as resctl, so the workers see the same packages.
-    return [sys.executable, "-m", LAUNCHER_MODULE]
+    # The same interpreter as resctl, so the workers see the same packages; ft_entry runs NVRx's
+    # launcher after the version adapters it needs.
+    return [sys.executable, "-m", LAUNCHER_ENTRY]
 
 
 def write_files(launch_plan: LaunchPlan) -> None:

@@ -22,7 +22,9 @@ from resctl.profile.load import Resolved
 from resctl.profile.units import format_duration
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
+LAUNCHER_ENTRY = "resctl.launch.ft_entry"  # LAUNCHER_MODULE behind resctl's version adapters
 SHIM_MODULE = "resctl.shim"
+SHIM_PATH = Path(__file__).resolve().parents[1] / "shim" / "__main__.py"
 PLAN_FILE = "plan.json"
 FT_CONFIG_FILE = "ft_config.yaml"
 SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
@@ -124,7 +126,11 @@ def plan(
     add("--monitor-interval", _seconds(launch.monitor_interval), "launch.monitor_interval")
     add("--term-timeout", _seconds(launch.term_timeout), "launch.term_timeout")
     add("--workers-stop-timeout", _seconds(launch.workers_stop_timeout), "launch.workers_stop_timeout")
-    add("--start-method", launch.start_method, "launch.start_method")
+    fork_workers = launch.worker_start == "fork" and launch.use_shim and not target.no_python
+    if fork_workers:
+        add("--start-method", "fork", "launch.worker_start")
+    else:
+        add("--start-method", launch.start_method, "launch.start_method")
     log_dir = Path(launch.log_dir) if launch.log_dir else run_dir / "logs"
     add("--log-dir", str(log_dir if log_dir.is_absolute() else cwd / log_dir), "launch.log_dir")
     if launch.redirects != "0":
@@ -179,6 +185,11 @@ def plan(
     if target.no_python:
         args.append("--no-python")
         args.extend([target.script, *target.args])
+    elif fork_workers:
+        # ft_launcher forks each worker from its own process and runpy-runs the shim there.
+        args.extend(["--run-path", str(SHIM_PATH)])
+        args.extend(["--resctl-module"] if target.module else [])
+        args.extend([target.script, *target.args])
     elif launch.use_shim:
         args.extend(["--module", SHIM_MODULE])
         args.extend(["--resctl-module"] if target.module else [])
@@ -191,6 +202,9 @@ def plan(
     node_rank = launch.node_rank if launch.node_rank is not None else rendezvous.node_rank
     if node_rank is not None and series != "0.4" and "GROUP_RANK" not in user_env:
         env["GROUP_RANK"] = str(node_rank)  # 0.6+'s barrier rendezvous orders nodes by it
+    if fork_workers:
+        env["RESCTL_PRELOAD"] = "1"
+        env.setdefault("PYTHONUNBUFFERED", "1")  # what `python -u` gives exec'd workers
     env["RESCTL_RUN_DIR"] = str(run_dir)
     env["RESCTL_PLAN"] = str(run_dir / PLAN_FILE)
     if inproc.enabled:

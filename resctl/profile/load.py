@@ -34,7 +34,7 @@ else:  # pragma: no cover
 DEFAULT_FILE = "resctl.toml"
 DEFAULT_SOURCE = "default"
 # RESCTL_* variables that are not profile keys: resctl's own switches and the plan it hands workers.
-RESERVED_ENV = {"RESCTL_DEBUG", "RESCTL_PROFILE", "RESCTL_FAULTS", "RESCTL_PLAN", "RESCTL_RUN_DIR", "RESCTL_SHIM_ACTIVE"}
+RESERVED_ENV = {"RESCTL_DEBUG", "RESCTL_PROFILE", "RESCTL_FAULTS", "RESCTL_PLAN", "RESCTL_RUN_DIR", "RESCTL_PRELOAD"}
 
 
 @dataclass

@@ -66,6 +66,11 @@ class Launch(Section):
         "auto", description="auto picks min-healthy on NVRx 0.4 when in-process restart is on, else any-failed."
     )
     start_method: Literal["spawn", "fork", "forkserver"] = Field("spawn", description="How the launcher starts workers.")
+    worker_start: Literal["fork", "exec"] = Field(
+        "fork",
+        description="fork: workers are forked from the launcher, which has imported torch once (in-job restarts in "
+        "about a second); exec: each worker is a fresh `python -m resctl.shim` that imports everything anew.",
+    )
     log_dir: str = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
     redirects: IntOrStr = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")
     tee: IntOrStr = Field("0", description="torchrun -t: tee worker stdout/stderr into log_dir and the console.")

@@ -88,7 +88,7 @@ def test_dry_run_shows_command_env_and_sources(tmp_path: Path) -> None:
                  "--dry-run", str(SCRIPT), "--lr", "1", cwd=tmp_path, env={"RESCTL_LAUNCH_TERM_TIMEOUT": "45s"})
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert "nvidia_resiliency_ext.fault_tolerance.launcher" in text and f"{SCRIPT} --lr 1" in text
+    assert "-m resctl.launch.ft_entry" in text and f"{SCRIPT} --lr 1" in text
     assert "HF_TOKEN='<redacted>'" in text and "hf_abc" not in text and "FI_PROVIDER=efa" in text
     assert "--max-restarts 7" in text and "<- p.toml" in text
     assert "--nproc-per-node 4" in text and "<- flag --nproc-per-node" in text

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.slow
 SCRIPT = str(EXAMPLES / "train_snapshot.py")
 
 
-def test_unmodified_script_survives_an_outside_sigkill(tmp_path: Path, reference: Path) -> None:
-    proc = start(snapshot_job(tmp_path, "kill"), cwd=tmp_path)
+@pytest.mark.parametrize("worker_start", ["fork", "exec"])
+def test_unmodified_script_survives_an_outside_sigkill(tmp_path: Path, reference: Path, worker_start: str) -> None:
+    proc = start(snapshot_job(tmp_path, "kill", extra=("--set", f'launch.worker_start="{worker_start}"')), cwd=tmp_path)
     run_dir = tmp_path / "kill"
     wait_for(lambda: last_step(run_dir, 1) >= 12, 120, "rank 1 to reach step 12", proc)
     pid = worker_pid(run_dir, rank=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from resctl.errors import UsageError
-from resctl.launch.plan import Target, plan, redact
+from resctl.launch.plan import SHIM_PATH, Target, plan, redact
 from resctl.launch.rendezvous import Rendezvous, detect
 from resctl.profile.load import resolve
 
@@ -31,7 +31,7 @@ def make(profile: Path | None, version: str, sets: tuple[str, ...] = (), target:
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.stem)
 def test_golden_argv(profile: Path, version: str) -> None:
-    got = make(profile, version).args
+    got = ["{SHIM}" if a == str(SHIM_PATH) else a for a in make(profile, version).args]  # checkout-independent
     golden = GOLDEN / f"{profile.stem}-nvrx{version}.json"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(json.dumps(got, indent=1) + "\n")
@@ -43,7 +43,9 @@ def test_041_argv_is_accepted_by_the_installed_launcher(profile: Path) -> None:
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
     ns = get_args_parser().parse_args(make(profile, "0.4.1").args)
-    assert ns.training_script == "resctl.shim" and ns.module
+    assert ns.training_script == str(SHIM_PATH) and ns.run_path and ns.start_method == "fork"
+    exec_ns = get_args_parser().parse_args(make(profile, "0.4.1", sets=('launch.worker_start="exec"',)).args)
+    assert exec_ns.training_script == "resctl.shim" and exec_ns.module
     assert ns.training_script_args == ["train.py", "--lr", "3e-4"]
     assert ns.rdzv_id == "job-1234"
 
@@ -53,7 +55,7 @@ def test_newer_argv_uses_only_options_that_version_has(version: str) -> None:
     known = set(OPTIONS.joinpath(f"ft_launcher-{version}-options.txt").read_text().split())
     for profile in PROFILES:
         args = make(profile, version, sets=("heartbeat.timeout=none",)).args
-        launcher_args = args[: args.index("--module") + 1]  # what follows belongs to the script
+        launcher_args = args[: args.index("--run-path") + 1]  # what follows belongs to the script
         for arg in launcher_args:
             if arg.startswith("--"):
                 assert arg in known, f"{arg} is not an ft_launcher {version} option"
@@ -89,8 +91,11 @@ def test_disabled_timeouts_per_series() -> None:
 
 
 def test_target_forms() -> None:
-    assert make(None, "0.4.1", target=Target("pkg.train", ("-x",), module=True)).args[-4:] == [
-        "resctl.shim", "--resctl-module", "pkg.train", "-x"]
+    assert make(None, "0.4.1", target=Target("pkg.train", ("-x",), module=True)).args[-5:] == [
+        "--run-path", str(SHIM_PATH), "--resctl-module", "pkg.train", "-x"]
+    exec_plan = make(None, "0.4.1", sets=('launch.worker_start="exec"',), target=Target("pkg.train", ("-x",), module=True))
+    assert exec_plan.args[-5:] == ["--module", "resctl.shim", "--resctl-module", "pkg.train", "-x"]
+    assert "RESCTL_PRELOAD" not in exec_plan.env
     no_py = make(None, "0.4.1", target=Target("./run.sh", ("a",), no_python=True))
     assert no_py.args[-3:] == ["--no-python", "./run.sh", "a"] and "resctl.shim" not in no_py.args
     assert any("without resctl.shim" in n for n in no_py.notes)
