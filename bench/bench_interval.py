@@ -49,7 +49,7 @@ def run_job(work: Path, name: str, interval: int, args: argparse.Namespace) -> P
         "--set", f"checkpoint.interval_steps={interval}", "--set", f'checkpoint.dir="{ckpt}"',
         "--set", f"checkpoint.writers={args.writers}", "--set", "checkpoint.keep_last=1",
         str(REPO / "examples/train_ckpt.py"), "--steps", str(args.steps), "--width", str(args.width),
-        "--step-time", str(args.step_time),
+        "--step-time", str(args.step_time), "--device", args.device,
     ]
     t = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=2048, help="model width: state = 3 x (4 w^2 + 3 w + 1) floats")
     ap.add_argument("--step-time", type=float, default=0.05, help="pretend compute per step (sleep) in the script")
     ap.add_argument("--nproc", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (passed to examples/train_ckpt.py)")
     ap.add_argument("--writers", type=int, default=2)
     ap.add_argument("--work", default="", help="directory for runs and checkpoints (default: a temp dir)")
     ap.add_argument("--json", default="", help="write all numbers here")

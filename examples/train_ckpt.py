@@ -74,17 +74,25 @@ def main() -> None:
     ap.add_argument("--out", default="", help="rank 0 writes the final model+optimizer state here")
     ap.add_argument("--ckpt-dir", default="", help="without resctl: checkpoint directory (default ./checkpoints)")
     ap.add_argument("--save-every", type=int, default=0, help="without resctl: checkpoint interval in steps")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (each rank uses GPU LOCAL_RANK)")
+    ap.add_argument("--backend", default="", help="process group backend (default: gloo on cpu, nccl on cuda); "
+                    "given explicitly, a group is made even for one rank")
     args = ap.parse_args()
 
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.use_deterministic_algorithms(True)  # with CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or bool(args.backend)
     if distributed:
-        dist.init_process_group("gloo")
+        dist.init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
     rank = dist.get_rank() if distributed else 0
     if args.ckpt_dir or args.save_every:
         # Only when asked: under resctl the shim has already configured the checkpointer from the profile.
         checkpoint.configure(dir=args.ckpt_dir or "checkpoints", interval_steps=args.save_every or 100)
 
-    model = build_model(args.width)
+    model = build_model(args.width).to(device)
     world = dist.get_world_size() if distributed else 1
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     state = {"model": model, "optim": opt}
@@ -94,7 +102,7 @@ def main() -> None:
 
     loss = torch.zeros(())
     for step in range(start + 1, args.steps + 1):
-        x, y = batch(step, rank, args.width)
+        x, y = (t.to(device) for t in batch(step, rank, args.width))
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
