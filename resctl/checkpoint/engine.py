@@ -138,6 +138,7 @@ class Checkpointer:
             async_=section.async_,
             keep_last=section.keep_last,
             writers=section.writers,
+            stage=section.stage,
         )
         args.update(kw)
         return cls(**args)

@@ -131,8 +131,12 @@ class InProcess(Section):
                 "soft_timeout < hard_timeout < barrier_timeout must hold "
                 f"(got {self.soft_timeout:g}s, {self.hard_timeout:g}s, {self.barrier_timeout:g}s)"
             )
-        if self.monitor_interval >= self.soft_timeout:
-            raise ValueError("monitor_interval must be shorter than soft_timeout")
+        # NVRx enforces these too, but only when a worker starts; say so before launch.
+        for short, long_ in (("monitor_interval", "soft_timeout"), ("progress_interval", "soft_timeout"),
+                             ("heartbeat_timeout", "barrier_timeout"), ("monitor_interval", "heartbeat_timeout")):
+            if getattr(self, short) >= getattr(self, long_):
+                raise ValueError(f"{short} ({getattr(self, short):g}s) must be shorter than {long_} "
+                                 f"({getattr(self, long_):g}s)")
         return self
 
 
@@ -144,6 +148,11 @@ class Checkpoint(Section):
     async_: bool = Field(True, alias="async", description="Return once the state is staged; write in the background.")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are pruned after a newer one lands.")
     writers: int = Field(4, ge=1, le=64, description="Parallel writer threads per rank.")
+    stage: Literal["host", "device"] = Field(
+        "host",
+        description="Where a save snapshots CUDA tensors before returning: host (pinned memory; blocks for the "
+        "device-to-host copy) or device (spare GPU memory the size of the state; blocks ~100x less).",
+    )
     intercept_torch_save: str = Field(
         "", description="Glob of paths whose torch.save becomes an async atomic save (zero-edit checkpointing)."
     )
@@ -206,7 +215,13 @@ class Profile(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Profile":
-        hb = self.heartbeat
+        hb, inproc = self.heartbeat, self.inprocess
+        if inproc.enabled and hb.timeout is not None and hb.timeout <= inproc.soft_timeout:
+            raise ValueError(
+                f"heartbeat.timeout ({hb.timeout:g}s) must be longer than inprocess.soft_timeout "
+                f"({inproc.soft_timeout:g}s): otherwise the launcher kills a hung rank that in-process restart "
+                "was about to recover"
+            )
         for name in ("timeout", "initial_timeout"):
             value = getattr(hb, name)
             if value is not None and value <= hb.check_interval:

@@ -39,7 +39,6 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from resctl.errors import UsageError
 
 if TYPE_CHECKING:
     from resctl.profile.schema import InProcess
@@ -52,33 +51,6 @@ PORT_KEY = "resctl/wrapper_store_port/{cycle}"
 
 def _seconds(value: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=value)
-
-
-def check_settings(cfg: "InProcess") -> None:
-    """Raise `UsageError` naming the keys when NVRx 0.4.1's Wrapper would reject the timeouts.
-
-    The profile schema checks soft < hard < barrier and monitor_interval < soft; NVRx also
-    asserts (with a bare ValueError) heartbeat_timeout < barrier_timeout and
-    monitor_interval < heartbeat_timeout, and progress_interval < soft_timeout.
-    """
-    problems = []
-    if not cfg.soft_timeout < cfg.hard_timeout < cfg.barrier_timeout:
-        problems.append("inprocess.soft_timeout < inprocess.hard_timeout < inprocess.barrier_timeout")
-    if not cfg.heartbeat_timeout < cfg.barrier_timeout:
-        problems.append("inprocess.heartbeat_timeout < inprocess.barrier_timeout")
-    if not cfg.monitor_interval < cfg.heartbeat_timeout:
-        problems.append("inprocess.monitor_interval < inprocess.heartbeat_timeout")
-    if not cfg.monitor_interval < cfg.soft_timeout:
-        problems.append("inprocess.monitor_interval < inprocess.soft_timeout")
-    if not cfg.progress_interval < cfg.soft_timeout:
-        problems.append("inprocess.progress_interval < inprocess.soft_timeout")
-    if problems:
-        raise UsageError(
-            "NVRx inprocess.Wrapper needs " + "; ".join(problems) + " (got soft "
-            f"{cfg.soft_timeout:g}s, hard {cfg.hard_timeout:g}s, barrier {cfg.barrier_timeout:g}s, heartbeat "
-            f"{cfg.heartbeat_timeout:g}s, monitor interval {cfg.monitor_interval:g}s, progress interval "
-            f"{cfg.progress_interval:g}s). Adjust these keys in the profile's [inprocess] section."
-        )
 
 
 def app_store() -> Any:
@@ -191,7 +163,6 @@ def build_wrapper(shim: "Shim", port: int, sockets: GlooSockets | None = None) -
     from nvidia_resiliency_ext import inprocess
 
     cfg = shim.profile.inprocess
-    check_settings(cfg)
     checks: list[Any] = []
     if cfg.health_check:
         import torch

@@ -5,13 +5,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from resctl.errors import UsageError
+from resctl.errors import ProfileError
+from resctl.profile.load import resolve
 from resctl.profile.schema import InProcess, Profile
 from resctl.shim.faults import FaultPlan, parse_schedule
-from resctl.shim.inprocess import GlooSockets, check_settings
+from resctl.shim.inprocess import GlooSockets
 from resctl.shim.runtime import Shim
 
 
@@ -25,11 +27,15 @@ def test_schedule_parses_and_fires_once_per_run(tmp_path) -> None:
     assert FaultPlan(schedule, rank=1, run_dir=tmp_path).take(13, "hang")
 
 
-def test_nvrx_orderings_are_reported_with_the_keys() -> None:
-    cfg = InProcess(soft_timeout=5, hard_timeout=8, barrier_timeout=15)  # heartbeat_timeout 30 > barrier
-    with pytest.raises(UsageError, match="inprocess.heartbeat_timeout < inprocess.barrier_timeout"):
-        check_settings(cfg)
-    check_settings(InProcess(soft_timeout=5, hard_timeout=8, barrier_timeout=15, heartbeat_timeout=10))
+def test_nvrx_orderings_are_profile_errors_with_the_keys() -> None:
+    """NVRx's Wrapper asserts these orderings only when a worker starts; the profile refuses them first."""
+    with pytest.raises(ProfileError, match=r"heartbeat_timeout \(30s\) must be shorter than barrier_timeout"):
+        resolve(None, env={}, cwd=Path("/nonexistent"),
+                sets=["inprocess.soft_timeout=5s", "inprocess.hard_timeout=8s", "inprocess.barrier_timeout=15s"])
+    resolve(None, env={}, cwd=Path("/nonexistent"), sets=[
+        "inprocess.soft_timeout=5s", "inprocess.hard_timeout=8s", "inprocess.barrier_timeout=15s",
+        "inprocess.heartbeat_timeout=10s"])
+    InProcess(soft_timeout=5, hard_timeout=8, barrier_timeout=15, heartbeat_timeout=10)
 
 
 def test_progress_pings_are_rate_limited_and_reset_per_iteration() -> None:
