@@ -23,13 +23,14 @@ sorted keys and no whitespace, so a flipped byte in the manifest itself is detec
 from __future__ import annotations
 
 import ctypes
+import io
 import json
 import os
 import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -165,7 +166,8 @@ def read_range_into(
     """Read a data file holding stream bytes [start, end) into the tensors it covers; return its crc32."""
     crc = 0
     pos = start
-    with open(path, "rb", buffering=1 << 20) as fh:
+    with open(path, "rb", buffering=1 << 20) as raw:
+        fh = cast(io.BufferedReader, raw)  # a non-literal buffering makes typeshed say BinaryIO
 
         def skip_to(target: int) -> None:
             nonlocal crc, pos

@@ -133,7 +133,7 @@ def restore(state: MutableMapping[str, Any], entries: Mapping[str, Any], statefu
     """Put loaded `entries` into `state` in place."""
     for name, value in entries.items():
         current = state.get(name)
-        if name in stateful and is_stateful(current):
+        if name in stateful and current is not None and is_stateful(current):
             current.load_state_dict(value)
         else:
             state[name] = value
