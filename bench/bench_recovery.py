@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from resctl.telemetry.events import read_events  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "examples" / "profiles" / "local-cpu.toml"
 IN_PROCESS = [
@@ -38,14 +41,7 @@ IN_PROCESS = [
 
 
 def load_events(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in run_dir.glob("events-rank*.jsonl"):
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return sorted(out, key=lambda e: e["t"])
+    return sorted(read_events(run_dir), key=lambda e: e["t"])
 
 
 def breakdown(events: list[dict[str, Any]], layer: str) -> list[dict[str, float]]:

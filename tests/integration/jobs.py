@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,20 +10,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from resctl.telemetry.events import read_events
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 LOCAL_PROFILE = EXAMPLES / "profiles" / "local-cpu.toml"
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(run_dir.glob("events-rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return sorted(out, key=lambda e: e["t"])
+    return sorted(read_events(run_dir), key=lambda e: e["t"])
 
 
 def start(args: list[str], cwd: Path, env: Optional[dict[str, str]] = None) -> subprocess.Popen[str]:
