@@ -12,8 +12,12 @@
    the baseline, `t0 * steps / wall`, over the reference rank's steps (first step excluded).
 
 Prints one table and, with `--json FILE`, writes every number. The model's efficiency is
-`tau / P` with `tau = n * step compute`; the measured one divides by the baseline step time, so
-any slowdown of compute while a write runs in the background shows up as a prediction error.
+`tau / P` with `tau = n * c_0` (step compute with no write running) and the write slowdown
+`k = c_w / c_0` measured in the calibration run (`resctl.tuning.inputs.assemble`, as
+`tune-interval --from-run` does). Next to it the table shows the model without the interference
+term (`k = 1`, `t` = mean step compute of the calibration run: the model before 2026-11-29).
+The measured efficiency divides by the baseline step time, so a machine whose speed drifts
+between runs (other load) shows up as a prediction error too.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from resctl.telemetry.events import read_events  # noqa: E402
 from resctl.telemetry.goodput import analyze  # noqa: E402
+from resctl.tuning.inputs import Inputs, assemble  # noqa: E402
 from resctl.tuning.model import Costs, evaluate  # noqa: E402
 
 
@@ -90,25 +95,35 @@ def main() -> None:
     cal_args = argparse.Namespace(**{**vars(args), "steps": args.calibrate_steps})
     cal = analyze(read_events(run_job(work, "calibration", args.calibrate_interval, cal_args))).calibration
     assert cal.stall is not None and cal.write is not None, "the calibration run saved no checkpoint"
-    costs = Costs(step_time=cal.step_time, stall=cal.stall, write=cal.write)
+    assembled = assemble(Inputs(mtbf_per_node=1e12), cal)  # the MTBF does not enter the efficiency
+    costs = assembled.costs
+    plain = Costs(step_time=cal.step_time, stall=cal.stall, write=cal.write)  # no interference term
     rows: list[dict[str, Any]] = []
     for n in args.intervals:
-        pred = evaluate(n, costs)
+        pred, old = evaluate(n, costs), evaluate(n, plain)
         steps, span = step_span(run_job(work, f"interval-{n}", n, args))
         measured = t0 * steps / span
         rows.append({"interval": n, "regime": pred.regime, "predicted": pred.efficiency, "measured": measured,
-                     "error_pp": 100 * (pred.efficiency - measured)})
+                     "error_pp": 100 * (pred.efficiency - measured), "predicted_k1": old.efficiency,
+                     "error_k1_pp": 100 * (old.efficiency - measured), "measured_step_s": span / steps})
+        print(f"    interval {n} ({pred.regime}): predicted {pred.efficiency:.2%} (k=1: {old.efficiency:.2%}), "
+              f"measured {measured:.2%}", file=sys.stderr, flush=True)
+    cw = f"{cal.step_time_writing * 1e3:.2f} ms" if cal.step_time_writing is not None else "-"
     print(f"baseline step {t0 * 1e3:.2f} ms; calibration (interval {args.calibrate_interval}): step compute "
-          f"{cal.step_time * 1e3:.2f} ms, stall {cal.stall * 1e3:.1f} ms, write {cal.write * 1e3:.0f} ms, "
+          f"{cal.step_time * 1e3:.2f} ms mean, c_0 {costs.step_time * 1e3:.2f} ms ({cal.idle_samples} steps), "
+          f"c_w {cw} ({cal.writing_samples} steps), slowdown k {costs.write_slowdown:.3f}, "
+          f"stall {cal.stall * 1e3:.1f} ms, write {cal.write * 1e3:.0f} ms, "
           f"{(cal.write_bytes or 0) / 1e6:.0f} MB per checkpoint")
-    print(f"{'interval':>8} {'regime':>14} {'predicted':>10} {'measured':>9} {'error':>8}")
+    print(f"{'interval':>8} {'regime':>14} {'predicted':>10} {'measured':>9} {'error':>8} {'k=1 model':>10} {'error':>8}")
     for r in rows:
-        print(f"{r['interval']:>8} {r['regime']:>14} {r['predicted']:>10.2%} {r['measured']:>9.2%} {r['error_pp']:>+7.2f}pp")
+        print(f"{r['interval']:>8} {r['regime']:>14} {r['predicted']:>10.2%} {r['measured']:>9.2%} "
+              f"{r['error_pp']:>+7.2f}pp {r['predicted_k1']:>10.2%} {r['error_k1_pp']:>+7.2f}pp")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": platform.node(),
             "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "baseline_step_s": t0,
-            "calibration": vars(cal), "rows": rows}, indent=2, default=str))
+            "calibration": vars(cal), "costs": vars(costs), "sources": assembled.sources, "rows": rows},
+            indent=2, default=str))
 
 
 if __name__ == "__main__":

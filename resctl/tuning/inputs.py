@@ -45,6 +45,7 @@ class Inputs:
     interval: int | None = None
     mode: Mode | None = None
     headroom: float = DEFAULT_HEADROOM
+    write_slowdown: float | None = None  # c_w / c_0 (the CLI's --write-slowdown)
 
 
 @dataclass
@@ -76,8 +77,23 @@ def assemble(given: Inputs, run: Calibration | None) -> Assembled:
         raise MissingInput(f"no {name.replace('_', ' ')}: give {flag_name}" + (" or --from-run DIR" if run is None else
                            f" (the run has no {what.split(':', 1)[-1].strip()})"))
 
-    step = pick("step_time", given.step_time, run.step_time if run and run.step_samples else None,
-                "--step-time", f"run: mean of {run.step_samples if run else 0} steps")
+    # With a measured slowdown the model's step time is c_0 (no write running); the plain mean
+    # mixes c_0 and c_w in whatever proportion the calibration interval had.
+    idle = run is not None and run.step_time_idle is not None and run.write_slowdown is not None
+    step = pick("step_time", given.step_time,
+                (run.step_time_idle if idle else run.step_time if run.step_samples else None) if run else None,
+                "--step-time", (f"run: mean of {run.idle_samples} steps with no write running" if idle and run else
+                                f"run: mean of {run.step_samples if run else 0} steps"))
+    if given.write_slowdown is not None:
+        slowdown, src["write_slowdown"] = given.write_slowdown, "--write-slowdown"
+    elif idle and run is not None and run.write_slowdown is not None:
+        slowdown = max(1.0, run.write_slowdown)
+        src["write_slowdown"] = (f"run: c_w / c_0 = {run.write_slowdown:.3f} over {run.writing_samples} steps "
+                                 f"overlapping a write and {run.idle_samples} not"
+                                 + (" (below 1: noise, taken as 1.0)" if run.write_slowdown < 1.0 else ""))
+    else:
+        slowdown = 1.0
+        src["write_slowdown"] = "not measured, taken as 1.0 (give --write-slowdown)"
     write_flag = given.write_time
     write_label = "--write-time"
     if write_flag is None and given.state_size is not None:
@@ -124,5 +140,6 @@ def assemble(given: Inputs, run: Calibration | None) -> Assembled:
         current = None
     if not math.isfinite(mtbf):
         raise MissingInput("the MTBF must be finite")
-    costs = Costs(step_time=step, stall=stall, write=write, restart=restart, mtbf=mtbf, headroom=given.headroom)
+    costs = Costs(step_time=step, stall=stall, write=write, restart=restart, mtbf=mtbf, headroom=given.headroom,
+                  write_slowdown=slowdown)
     return Assembled(costs, current, mode, src)
