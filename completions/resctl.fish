@@ -71,6 +71,7 @@ complete -c resctl -n '__fish_seen_subcommand_from tune-interval' -l step-time
 complete -c resctl -n '__fish_seen_subcommand_from tune-interval' -l sync
 complete -c resctl -n '__fish_seen_subcommand_from tune-interval' -l write-bw
 complete -c resctl -n '__fish_seen_subcommand_from tune-interval' -l write-profile
+complete -c resctl -n '__fish_seen_subcommand_from tune-interval' -l write-slowdown
 complete -c resctl -n '__fish_seen_subcommand_from tune-interval' -l write-time
 complete -c resctl -n '__fish_seen_subcommand_from tune-interval' -l help
 complete -c resctl -n '__fish_seen_subcommand_from report' -l html

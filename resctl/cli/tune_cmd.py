@@ -61,6 +61,7 @@ def tune_interval(
     nodes: Annotated[int, Opt("--nodes", min=1, help="Nodes in the job.")] = 1,
     interval: Annotated[Optional[int], Opt("--interval", min=1, help="The interval the job uses now, in steps (default: the run's).")] = None,
     sync: Annotated[Optional[bool], Opt("--sync/--async", help="How the job saves (default: the run's checkpoint.async, else async).")] = None,
+    write_slowdown: Annotated[Optional[float], Opt("--write-slowdown", min=1.0, help="Step compute while a background write runs over step compute without one (c_w/c_0; default: measured by --from-run, else 1.0).")] = None,
     headroom: Annotated[float, Opt("--headroom", min=1.0, help="Async: keep the compute between saves >= this x the write time.")] = 1.2,
     as_json: Annotated[bool, Opt("--json", help="One JSON document on stdout.")] = False,
     write_profile: Annotated[Optional[Path], Opt("--write-profile", help="Set [checkpoint] interval_steps in this TOML profile (rest of the file kept).")] = None,
@@ -79,6 +80,7 @@ def tune_interval(
         write_bw=_size("--write-bw", write_bw), restart=_duration("--restart", restart),
         mtbf_per_node=_duration("--mtbf", mtbf), nodes=nodes, interval=interval,
         mode=None if sync is None else ("sync" if sync else "async"), headroom=headroom,
+        write_slowdown=write_slowdown,
     )
     if given.step_time == 0:
         raise UsageError("--step-time must be > 0")
@@ -143,7 +145,8 @@ def _render(rec: Any, sources: dict[str, str]) -> None:
     inputs = Table("input", "value", "source", title="inputs")
     for label, value, key in (
         ("step compute", _secs(c.step_time), "step_time"), ("save stall", _secs(c.stall), "stall"),
-        ("checkpoint write", _secs(c.write), "write"), ("restart cost", _secs(c.restart), "restart"),
+        ("checkpoint write", _secs(c.write), "write"), ("write slowdown", f"{c.write_slowdown:.3g}x", "write_slowdown"),
+        ("restart cost", _secs(c.restart), "restart"),
         ("job MTBF", _secs(c.mtbf), "mtbf"), ("mode", rec.mode, "mode"),
         ("current interval", f"{rec.current.interval_steps} steps" if rec.current else "-", "interval"),
     ):
@@ -151,7 +154,7 @@ def _render(rec: Any, sources: dict[str, str]) -> None:
     out_console.print(inputs)
     p = rec.prediction
     why = (f"Daly optimum on the {_secs(rec.costs.blocking(rec.mode))} blocking cost" if rec.bound == "daly" else
-           f"back-pressure floor: {c.headroom:g} x {_secs(c.write)} write (Daly alone: {_secs(rec.daly_compute_s)})")
+           f"back-pressure floor: {c.headroom:g} x {_secs(c.write)} write at {c.write_slowdown:.3g}x slower steps (Daly alone: {_secs(rec.daly_compute_s)})")
     out_console.print(
         f"recommended: checkpoint.interval_steps = {rec.interval_steps}  ({rec.mode}; {_secs(p.compute_s)} of compute "
         f"between saves; {why})\n"
