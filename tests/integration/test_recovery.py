@@ -98,8 +98,8 @@ def injected(run_dir: Path) -> list[str]:
                   if e["kind"] == "fault" and e.get("injected"))
 
 
-@pytest.mark.parametrize("nproc,inprocess", [(2, False), (2, True), (4, True)],
-                         ids=["2ranks-injob", "2ranks-inprocess", "4ranks-inprocess"])
+@pytest.mark.parametrize("nproc,inprocess", [(2, False), (2, True), (4, False), (4, True)],
+                         ids=["2ranks-injob", "2ranks-inprocess", "4ranks-injob", "4ranks-inprocess"])
 def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
     tmp_path: Path, references: dict[int, Path], nproc: int, inprocess: bool
 ) -> None:
