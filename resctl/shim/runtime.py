@@ -339,6 +339,8 @@ def main(argv: list[str]) -> int:
     profile, run_dir = load_plan(os.environ)
     shim = Shim(profile, run_dir)
     shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name)
+    if shim.cycle > 0:  # ft_launcher restarted the worker group (in-job restart)
+        shim.events.emit("restart", layer="launcher")
     if profile.faults.schedule and shim.rank == 0:
         print("resctl: FAULT DRILL ON: " + ", ".join(f"{f.kind}@{f.step}:{f.rank}" for f in profile.faults.schedule),
               file=sys.stderr, flush=True)

@@ -8,7 +8,8 @@ Every record has `t` (unix seconds), `kind`, `rank`, `cycle` (launcher restart c
 - `ckpt_stall` step, seconds (time the training loop was blocked by a save), waited (for the previous save)
 - `ckpt_persist` step, seconds (stage-to-durable), bytes
 - `fault`      cause ("exception", "sigkill", "hang", "checkpoint_exception", "sigterm"), error, injected
-- `restart`    layer ("inprocess" or "launcher")
+- `restart`    layer: "inprocess" (a new wrapper iteration) or "launcher" (the first record of a
+               worker started in a new ft_launcher cycle, right after its `start`)
 - `resume`     step (the checkpoint step restored; 0 = from scratch)
 - `end`        status ("ok", "error")
 
