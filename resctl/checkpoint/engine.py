@@ -250,6 +250,11 @@ class Checkpointer:
                 self.async_ = saved_async
         return step
 
+    @property
+    def tracks_state(self) -> bool:
+        """Whether the script has called `maybe_save` (so a final save at a step boundary can come)."""
+        return self._latest is not None
+
     def request_final_save(self, deadline: float | None = None) -> None:
         """Ask for a final synchronous save at the next `maybe_save` (safe from a signal handler:
         it only sets flags). `deadline` is a `time.monotonic()` value after which the final save

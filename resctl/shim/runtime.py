@@ -223,14 +223,18 @@ class Shim:
         self.sigterm_at = time.monotonic()
         self.events.emit("fault", cause="sigterm", injected=False, step=self.step, error="SIGTERM received")
         ckpt = self.checkpointer
-        if ckpt is not None and self.profile.checkpoint.save_on_sigterm:
+        if ckpt is not None and self.profile.checkpoint.save_on_sigterm and ckpt.tracks_state:
             # Save at the next step boundary (maybe_save) so the state is never torn; if the loop
             # does not get there within the grace period, exit after the in-flight write lands.
+            # A script that never called maybe_save has no boundary to wait for: it exits below.
             ckpt.request_final_save(deadline=self.sigterm_at + self.profile.checkpoint.sigterm_grace)
             threading.Thread(target=self._exit_after_grace, daemon=True).start()
             return
         if ckpt is not None:
-            ckpt.wait()
+            try:
+                ckpt.wait()  # the in-flight write (intercepted torch.save included) lands first
+            except Exception as err:  # noqa: BLE001 - a failed write was never published; exit anyway
+                print(f"resctl: on SIGTERM: {err}", file=sys.stderr, flush=True)
         self.finish("sigterm")
         os._exit(EXIT_SIGTERM)
 
