@@ -23,6 +23,7 @@ complete -c resctl -n '__fish_seen_subcommand_from run' -l node-rank
 complete -c resctl -n '__fish_seen_subcommand_from run' -l node_rank
 complete -c resctl -n '__fish_seen_subcommand_from run' -l nproc-per-node
 complete -c resctl -n '__fish_seen_subcommand_from run' -l nproc_per_node
+complete -c resctl -n '__fish_seen_subcommand_from run' -l preflight
 complete -c resctl -n '__fish_seen_subcommand_from run' -l profile
 complete -c resctl -n '__fish_seen_subcommand_from run' -l rdzv-backend
 complete -c resctl -n '__fish_seen_subcommand_from run' -l rdzv-conf

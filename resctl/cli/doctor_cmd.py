@@ -61,6 +61,27 @@ def doctor(
     raise typer.Exit(report.exit_code(strict))
 
 
+def preflight_check(resolved: Any) -> bool:
+    """`resctl run --preflight`: every probe but --deep on this node; prints the table when a check
+    fails and returns False (nothing is launched), else one summary line and True."""
+    from rich.text import Text
+
+    from resctl.cli.render import err_console
+    from resctl.doctor import make_context, run, select
+
+    explicit = frozenset(k for k in resolved.sources if k.startswith("doctor."))
+    with _progress(err_console) as progress:
+        report = run(make_context(resolved.profile, root=Path("/"), checkpoint_dir=None, deep=False,
+                                  progress=progress, explicit=explicit), select([], []))
+    if report.exit_code(False) != 0:
+        _table(err_console, report, False)
+        err_console.print(Text("resctl: preflight failed: not launching (see `resctl doctor`)", style="bold red"))
+        return False
+    counts = ", ".join(f"{n} {s}" for s, n in report.counts().items() if n)
+    err_console.print(Text(f"resctl: preflight ok ({counts}, {report.duration_s:.1f}s)"))
+    return True
+
+
 class _progress:
     """A rich progress bar on stderr for the storage test; nothing when stderr is not a terminal."""
 

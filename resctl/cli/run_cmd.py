@@ -66,6 +66,7 @@ def run(
     no_python: Annotated[bool, Opt("--no-python", "--no_python", help="Run SCRIPT as a program, not with python.")] = False,
     run_dir: Annotated[Optional[str], Opt("--run-dir", help="Run directory for events and summaries ({run_id} expands).")] = None,
     metrics_port: Annotated[Optional[int], Opt("--metrics-port", help="Serve Prometheus metrics on this port.")] = None,
+    preflight: Annotated[bool, Opt("--preflight", help="Run `resctl doctor` first; a failed check starts nothing (exit 1).")] = False,
 ) -> None:
     """Start SCRIPT on every worker under NVRx ft_launcher, with resctl's profile and shim."""
     from resctl.cli.render import info
@@ -96,7 +97,12 @@ def run(
         raise UsageError(f"training script not found: {script} (working directory {os.getcwd()}); "
                          "check the path, or pass -m for a module")
     target = Target(script, tuple(script_args or ()), module=module, no_python=no_python)
-    launch_plan = execute.prepare(profile, flags, set_ or [], target)
+    resolved, launch_plan = execute.prepare(profile, flags, set_ or [], target)
+    if preflight and not dry_run:
+        from resctl.cli.doctor_cmd import preflight_check
+
+        if not preflight_check(resolved):
+            raise typer.Exit(1)
     if dry_run:
         from resctl.cli.dry_run import render
 

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from resctl.errors import LaunchError
 from resctl.launch import rendezvous
 from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan
-from resctl.profile.load import Layer, resolve
+from resctl.profile.load import Layer, Resolved, resolve
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -34,13 +34,13 @@ def installed_nvrx() -> str:
         ) from None
 
 
-def prepare(profile: Path | None, flags: Layer, sets: Sequence[str], target: Target) -> LaunchPlan:
+def prepare(profile: Path | None, flags: Layer, sets: Sequence[str], target: Target) -> tuple[Resolved, LaunchPlan]:
     """Resolve the profile, find the rendezvous and plan the launcher command."""
     resolved = resolve(profile, flags=flags, sets=sets)
     launch = resolved.profile.launch
     version = installed_nvrx() if launch.nvrx_version == "auto" else launch.nvrx_version
     rdzv = rendezvous.detect(launch, os.environ, socket.gethostname())
-    return plan(resolved, target, rdzv, version, user_env=os.environ, cwd=Path.cwd())
+    return resolved, plan(resolved, target, rdzv, version, user_env=os.environ, cwd=Path.cwd())
 
 
 def launcher_program() -> list[str]:

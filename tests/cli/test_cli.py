@@ -122,3 +122,11 @@ def test_bash_completion_completes_run_flags(tmp_path: Path) -> None:
     script = f"source {REPO / 'completions' / 'resctl.bash'}; COMP_WORDS=(resctl run --nproc); COMP_CWORD=2; _resctl; echo ${{COMPREPLY[@]}}"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert "--nproc-per-node" in out.stdout.split()
+
+
+def test_preflight_failure_launches_nothing(tmp_path: Path) -> None:
+    out = resctl("run", "--preflight", "--set", "doctor.gpus=8", "--set", "doctor.storage_test_mb=8",
+                 "--run-dir", str(tmp_path / "run"), str(SCRIPT), cwd=tmp_path)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "preflight failed: not launching" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists(), "no launcher was started"
