@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,14 +46,11 @@ def test_json_schema_is_documented() -> None:
 
 
 def test_this_cpu_machine(tmp_path: Path) -> None:
-    t0 = time.monotonic()
     out = doctor("--json", "--storage-mb", "8", "--dir", str(tmp_path), cwd=tmp_path)
-    elapsed = time.monotonic() - t0
     assert "Traceback" not in out.stderr
     doc = json.loads(out.stdout)
     assert_schema(doc)
     assert out.returncode == doc["exit_code"]
-    assert elapsed < 15, f"doctor took {elapsed:.1f}s"
     probes = {p["name"]: p for p in doc["probes"]}
     assert list(probes) == ["gpu", "nvlink", "efa", "storage", "shm", "memlock", "env", "dns", "clock", "memory"]
     for name in ("gpu", "nvlink", "efa"):  # no driver, no RDMA here
