@@ -211,7 +211,7 @@ def test_hung_driver_call_times_out(tmp_path: Path) -> None:
     t0 = time.monotonic()
     report = doctor(node("p5-healthy", tmp_path), tmp_path, "doctor.timeout=0.3", only=["gpu", "shm"],
                     nvml=FakeNvml(p5_gpus(tmp_path), delay=30))
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 15, "the doctor waited for the hung call (30 s) instead of its deadline"
     gpu = report.probes[0]
     assert gpu.timed_out and gpu.status == Status.FAIL and "did not finish within 0.3s" in gpu.checks[0].message
     assert report.probes[1].status == Status.PASS
