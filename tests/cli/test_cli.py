@@ -24,7 +24,8 @@ def test_help_and_version(tmp_path: Path) -> None:
     out = resctl("--help", cwd=tmp_path)
     assert out.returncode == 0 and "run" in out.stdout and "Example:" in out.stdout
     assert resctl("--version", cwd=tmp_path).stdout.startswith("resctl ")
-    for command in (["run"], ["profile", "show"], ["profile", "init"], ["profile", "validate"]):
+    for command in (["run"], ["profile", "show"], ["profile", "init"], ["profile", "validate"], ["doctor"],
+                    ["report"], ["tune-interval"]):
         page = resctl(*command, "--help", cwd=tmp_path)
         assert page.returncode == 0 and "Example" in page.stdout, command
 
