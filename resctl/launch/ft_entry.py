@@ -22,8 +22,10 @@ def apply_adapters() -> list[str]:
     if not hasattr(spawn.ProcessException, "pid"):
         spawn.ProcessException.pid = property(lambda self: self.error_pid)  # type: ignore[attr-defined]
         applied.append("ProcessException.pid")
-    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
-
+    try:  # NVRx 0.4/0.5 carry their own copy of torch elastic; 0.6+ use torch's
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
+    except ImportError:
+        return applied
     if not getattr(api.RunResult.is_failed, "_resctl", False):
         original = api.RunResult.is_failed
 
