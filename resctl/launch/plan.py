@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -19,7 +18,6 @@ from resctl.errors import UsageError
 from resctl.launch.rendezvous import Rendezvous
 from resctl.launch import nvrx_flags
 from resctl.profile.load import Resolved
-from resctl.profile.units import format_duration
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
 LAUNCHER_ENTRY = "resctl.launch.ft_entry"  # LAUNCHER_MODULE behind resctl's version adapters
@@ -65,10 +63,6 @@ class LaunchPlan:
 
 def redact(name: str, value: str) -> str:
     return "<redacted>" if SECRET.search(name) else value
-
-
-def new_run_id() -> str:
-    return "resctl-" + uuid.uuid4().hex[:12]
 
 
 def _seconds(value: float) -> str:
@@ -231,7 +225,3 @@ def plan(
         settings.append(("(resctl) metrics port", str(launch.metrics_port), src("launch.metrics_port")))
     return LaunchPlan(args, env, files, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
                       metrics_port=launch.metrics_port)
-
-
-def describe_duration(seconds: float | None) -> str:
-    return "none" if seconds is None else format_duration(seconds)
