@@ -113,3 +113,15 @@ def test_metrics_are_served_while_the_job_runs(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         finish(proc, timeout=60)
+
+
+def test_two_jobs_on_one_host_do_not_collide(tmp_path: Path) -> None:
+    """Standalone rendezvous binds port 0 and every run gets its own id and MASTER_PORT."""
+    jobs = [start(snapshot_job(tmp_path, f"job{i}", steps=20), cwd=tmp_path) for i in range(2)]
+    results = [finish(p) for p in jobs]
+    for code, out in results:
+        assert code == 0, out[-3000:]
+    import re
+
+    run_ids = {m.group(1) for _, out in results for m in re.finditer(r"^resctl: run (\S+) -> ", out, re.M)}
+    assert len(run_ids) == 2
