@@ -50,9 +50,13 @@ def launcher_program() -> list[str]:
 
 
 def write_files(launch_plan: LaunchPlan) -> None:
+    # Every node of a job writes the same files into a shared run directory (FSx): the temporary
+    # name is per process so two nodes never rename each other's file away.
+    for directory in launch_plan.dirs:
+        directory.mkdir(parents=True, exist_ok=True)
     for path, text in launch_plan.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.tmp.{socket.gethostname()}.{os.getpid()}")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
 

@@ -45,6 +45,7 @@ class LaunchPlan:
     args: list[str]  # ft_launcher's arguments (its program is `launcher_argv()`)
     env: dict[str, str]  # added to the launcher's (and so the workers') environment
     files: dict[Path, str]  # written before launch
+    dirs: list[Path]  # created before launch
     run_dir: Path
     run_id: str
     rendezvous: Rendezvous
@@ -126,7 +127,8 @@ def plan(
     else:
         add("--start-method", launch.start_method, "launch.start_method")
     log_dir = Path(launch.log_dir) if launch.log_dir else run_dir / "logs"
-    add("--log-dir", str(log_dir if log_dir.is_absolute() else cwd / log_dir), "launch.log_dir")
+    log_dir = log_dir if log_dir.is_absolute() else cwd / log_dir
+    add("--log-dir", str(log_dir), "launch.log_dir")
     if launch.redirects != "0":
         add("--redirects", launch.redirects, "launch.redirects")
     if launch.tee != "0":
@@ -223,5 +225,7 @@ def plan(
         )
     if launch.metrics_port is not None:
         settings.append(("(resctl) metrics port", str(launch.metrics_port), src("launch.metrics_port")))
-    return LaunchPlan(args, env, files, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
+    # ft_launcher checks-then-creates its log dir: nodes sharing a run dir would race on it.
+    dirs = [run_dir, log_dir]
+    return LaunchPlan(args, env, files, dirs, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
                       metrics_port=launch.metrics_port)

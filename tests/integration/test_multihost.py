@@ -100,7 +100,13 @@ def test_node_loss_and_return(nodes: list[str], tmp_path: Path, reference: Path)
     a = start_node(nodes[0], 0, tmp_path)
     b = start_node(nodes[1], 1, tmp_path)
     run_dir = tmp_path / "runs" / JOB
-    wait_for(lambda: last_step(run_dir, 1) >= 15, 180, "rank 1 (node b) to reach step 15", a)
+    try:
+        wait_for(lambda: last_step(run_dir, 1) >= 15, 180, "rank 1 (node b) to reach step 15", a)
+    except AssertionError as err:
+        for ns in nodes:
+            lose_node(ns)
+        tails = [f"--- node {i} ---\n{(p.communicate(timeout=30)[0] or '')[-3000:]}" for i, p in enumerate((a, b))]
+        raise AssertionError(f"{err}\n" + "\n".join(tails)) from None
     lose_node(nodes[1])
     b.wait(timeout=30)
     b_again = start_node(nodes[1], 1, tmp_path)  # the Job recreates the pod with the same index
