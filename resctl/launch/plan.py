@@ -136,8 +136,7 @@ def plan(
 
     # Fault tolerance (rank monitors). Every value is passed explicitly: defaults differ by version.
     files: dict[Path, str] = {}
-    disabled = {name: getattr(hb, attr) is None for name, attr in (
-        ("initial_rank_heartbeat_timeout", "initial_timeout"), ("rank_heartbeat_timeout", "timeout"))}
+    disabled: list[str] = []  # timeouts set to none
     for name, attr in (("initial_rank_heartbeat_timeout", "initial_timeout"), ("rank_heartbeat_timeout", "timeout")):
         value = getattr(hb, attr)
         flag = "--ft-" + name.replace("_", "-")
@@ -145,10 +144,12 @@ def plan(
             add(flag, _seconds(value), f"heartbeat.{attr}")
         elif traits.timeouts_accept_none:
             add(flag, "none", f"heartbeat.{attr}")
-    if any(disabled.values()) and not traits.timeouts_accept_none:
+        else:
+            disabled.append(name)
+    if disabled:
         # 0.4 parses these flags as floats; "no timeout" can only be said in its YAML config.
         cfg = run_dir / FT_CONFIG_FILE
-        files[cfg] = "fault_tolerance:\n" + "".join(f"  {name}: null\n" for name, off in disabled.items() if off)
+        files[cfg] = "fault_tolerance:\n" + "".join(f"  {name}: null\n" for name in disabled)
         add("--ft-cfg-path", str(cfg), "heartbeat.timeout")
     add("--ft-workload-check-interval", _seconds(hb.check_interval), "heartbeat.check_interval")
     if hb.sections:
