@@ -77,19 +77,24 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         serve(launch_plan.run_dir, launch_plan.metrics_port, plan=plan_data)
         on_event(f"resctl: metrics on :{launch_plan.metrics_port}/metrics")
     env = {**os.environ, **launch_plan.env}
-    child = subprocess.Popen(launcher_program() + launch_plan.args, env=env)
-
     received: list[int] = []
+    started: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: object) -> None:
         received.append(signum)
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
+        for child in started:
+            try:
+                child.send_signal(signum)
+            except ProcessLookupError:
+                pass
 
+    # Handlers go in before the launcher starts: a signal in between must not orphan it.
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
+        child = subprocess.Popen(launcher_program() + launch_plan.args, env=env)
+        started.append(child)
+        for signum in received:  # arrived while the launcher was starting
+            child.send_signal(signum)
         code = child.wait()
     finally:
         for sig, handler in previous.items():
