@@ -72,12 +72,27 @@ def step_span(run_dir: Path) -> tuple[int, float]:
     return len(steps) - 1, steps[-1] - steps[0]
 
 
+def observed(run_dir: Path) -> dict[str, Any]:
+    """What the model's inputs were in one measured run (its own calibration): the diagnosis of an error."""
+    c = analyze(read_events(run_dir)).calibration
+    return {"c0": c.step_time_idle, "cw": c.step_time_writing, "k": c.write_slowdown, "stall": c.stall,
+            "waited": c.waited, "write": c.write, "step_mean": c.step_time}
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--intervals", type=int, nargs="+", default=[2, 5, 20, 60])
     ap.add_argument("--calibrate-interval", type=int, default=10)
     ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--calibrate-steps", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat baseline + every interval this many times, interleaved; "
+                         "the measured efficiency is the median over rounds of each round's own ratio")
     ap.add_argument("--width", type=int, default=2048, help="model width: state = 3 x (4 w^2 + 3 w + 1) floats")
     ap.add_argument("--step-time", type=float, default=0.05, help="pretend compute per step (sleep) in the script")
     ap.add_argument("--nproc", type=int, default=1)
@@ -90,40 +105,59 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="resctl-bench-interval-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"work dir {work}", file=sys.stderr)
-    base_n, base_s = step_span(run_job(work, "baseline", args.steps * 10, args))
-    t0 = base_s / base_n
     cal_args = argparse.Namespace(**{**vars(args), "steps": args.calibrate_steps})
     cal = analyze(read_events(run_job(work, "calibration", args.calibrate_interval, cal_args))).calibration
     assert cal.stall is not None and cal.write is not None, "the calibration run saved no checkpoint"
     assembled = assemble(Inputs(mtbf_per_node=1e12), cal)  # the MTBF does not enter the efficiency
     costs = assembled.costs
     plain = Costs(step_time=cal.step_time, stall=cal.stall, write=cal.write)  # no interference term
+    # Interleaved rounds: a drift of the machine's speed hits a round's baseline and its intervals alike.
+    rounds: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        base_n, base_s = step_span(run_job(work, f"r{r}-baseline", args.steps * 10, args))
+        rnd: dict[str, Any] = {"baseline_step_s": base_s / base_n, "intervals": {}}
+        for n in args.intervals:
+            run_dir = run_job(work, f"r{r}-interval-{n}", n, args)
+            steps, span = step_span(run_dir)
+            rnd["intervals"][n] = {"step_s": span / steps, "efficiency": rnd["baseline_step_s"] * steps / span,
+                                   "observed": observed(run_dir)}
+            print(f"    round {r} interval {n}: measured {rnd['intervals'][n]['efficiency']:.2%}",
+                  file=sys.stderr, flush=True)
+        rounds.append(rnd)
     rows: list[dict[str, Any]] = []
     for n in args.intervals:
         pred, old = evaluate(n, costs), evaluate(n, plain)
-        steps, span = step_span(run_job(work, f"interval-{n}", n, args))
-        measured = t0 * steps / span
+        effs = [rnd["intervals"][n]["efficiency"] for rnd in rounds]
+        measured = median(effs)
+        obs = {key: median([v for v in (rnd["intervals"][n]["observed"][key] for rnd in rounds) if v is not None] or [0.0])
+               for key in rounds[0]["intervals"][n]["observed"]}
         rows.append({"interval": n, "regime": pred.regime, "predicted": pred.efficiency, "measured": measured,
+                     "measured_min": min(effs), "measured_max": max(effs),
                      "error_pp": 100 * (pred.efficiency - measured), "predicted_k1": old.efficiency,
-                     "error_k1_pp": 100 * (old.efficiency - measured), "measured_step_s": span / steps})
-        print(f"    interval {n} ({pred.regime}): predicted {pred.efficiency:.2%} (k=1: {old.efficiency:.2%}), "
-              f"measured {measured:.2%}", file=sys.stderr, flush=True)
+                     "error_k1_pp": 100 * (old.efficiency - measured), "observed": obs,
+                     "predicted_wait_s": pred.wait_s, "predicted_cycle_s": pred.cycle_s})
+    t0 = median([rnd["baseline_step_s"] for rnd in rounds])
     cw = f"{cal.step_time_writing * 1e3:.2f} ms" if cal.step_time_writing is not None else "-"
-    print(f"baseline step {t0 * 1e3:.2f} ms; calibration (interval {args.calibrate_interval}): step compute "
+    print(f"baseline step {t0 * 1e3:.2f} ms (median of {args.rounds}); calibration (interval "
+          f"{args.calibrate_interval}, {args.calibrate_steps} steps): step compute "
           f"{cal.step_time * 1e3:.2f} ms mean, c_0 {costs.step_time * 1e3:.2f} ms ({cal.idle_samples} steps), "
           f"c_w {cw} ({cal.writing_samples} steps), slowdown k {costs.write_slowdown:.3f}, "
           f"stall {cal.stall * 1e3:.1f} ms, write {cal.write * 1e3:.0f} ms, "
           f"{(cal.write_bytes or 0) / 1e6:.0f} MB per checkpoint")
-    print(f"{'interval':>8} {'regime':>14} {'predicted':>10} {'measured':>9} {'error':>8} {'k=1 model':>10} {'error':>8}")
+    print(f"{'interval':>8} {'regime':>14} {'predicted':>10} {'measured':>9} {'(min-max)':>15} {'error':>8} "
+          f"{'k=1 model':>10} {'error':>8} | observed in the run: c_0, k, stall, wait, write")
     for r in rows:
+        o = r["observed"]
         print(f"{r['interval']:>8} {r['regime']:>14} {r['predicted']:>10.2%} {r['measured']:>9.2%} "
-              f"{r['error_pp']:>+7.2f}pp {r['predicted_k1']:>10.2%} {r['error_k1_pp']:>+7.2f}pp")
+              f"{r['measured_min']:>7.2%}-{r['measured_max']:>7.2%} {r['error_pp']:>+7.2f}pp "
+              f"{r['predicted_k1']:>10.2%} {r['error_k1_pp']:>+7.2f}pp | {o['c0'] * 1e3:.1f} ms, {o['k'] or 0:.2f}, "
+              f"{o['stall'] * 1e3:.1f} ms, {o['waited'] * 1e3:.1f} ms, {o['write'] * 1e3:.0f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": platform.node(),
             "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "baseline_step_s": t0,
-            "calibration": vars(cal), "costs": vars(costs), "sources": assembled.sources, "rows": rows},
-            indent=2, default=str))
+            "calibration": vars(cal), "costs": vars(costs), "sources": assembled.sources, "rows": rows,
+            "rounds": rounds}, indent=2, default=str))
 
 
 if __name__ == "__main__":

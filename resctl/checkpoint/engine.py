@@ -70,7 +70,7 @@ class Checkpointer:
             state, and falls back to "host" with a warning when that allocation fails.
         rank, world_size: default to torch.distributed when initialised, else env RANK /
             WORLD_SIZE, else 0 / 1 (looked up at every call: in-process restarts may renumber).
-        events: an `EventLog` for `ckpt_stall`, `ckpt_persist` and `ckpt_skip`.
+        events: an `EventLog` for `ckpt_stall`, `ckpt_persist`, `ckpt_prune` and `ckpt_skip`.
         heartbeat: a zero-argument callable called before and after each save and, at most once
             a second, from the writer threads while a write runs (it must be thread-safe).
     """
@@ -297,8 +297,10 @@ class Checkpointer:
 
     def _timed_prune(self) -> None:
         t0 = time.monotonic()
-        self.prune()
+        removed = self.prune()
         self.last_prune_s = time.monotonic() - t0
+        if removed:
+            self.events.emit("ckpt_prune", removed=removed, seconds=round(self.last_prune_s, 6))
 
     def pending_path(self) -> Path | None:
         """The final path of the write in flight, if any (used by the torch.load interceptor)."""
@@ -516,11 +518,13 @@ class Checkpointer:
             shutil.rmtree(trash, ignore_errors=True)
         return final
 
-    def prune(self) -> None:
-        """Keep the newest `keep_last` complete checkpoints; remove older ones (complete or not)."""
+    def prune(self) -> int:
+        """Keep the newest `keep_last` complete checkpoints; remove older ones (complete or not).
+        Returns how many were removed."""
         complete = [(s, p) for s, p in fmt.list_step_dirs(self.dir) if (p / fmt.MANIFEST).exists()]
         if len(complete) <= self.keep_last:
-            return
+            return 0
+        removed = 0
         oldest_kept = complete[self.keep_last - 1][0]
         for s, p in fmt.list_step_dirs(self.dir):
             if s < oldest_kept:
@@ -531,6 +535,8 @@ class Checkpointer:
                 except OSError:
                     continue
                 shutil.rmtree(trash, ignore_errors=True)
+                removed += 1
+        return removed
 
     # --- loading -------------------------------------------------------------------------------
 
