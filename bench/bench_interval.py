@@ -11,13 +11,17 @@
    run the job at that interval, and measure the efficiency as AWS does: throughput relative to
    the baseline, `t0 * steps / wall`, over the reference rank's steps (first step excluded).
 
+4. `--rounds R` repeats 1-3 R times, interleaved; each round predicts from its own calibration and
+   measures against its own baseline, and the table shows the medians over rounds (with the range
+   of the per-round errors), so a drift of the machine's speed between rounds cancels.
+
 Prints one table and, with `--json FILE`, writes every number. The model's efficiency is
 `tau / P` with `tau = n * c_0` (step compute with no write running) and the write slowdown
 `k = c_w / c_0` measured in the calibration run (`resctl.tuning.inputs.assemble`, as
 `tune-interval --from-run` does). Next to it the table shows the model without the interference
-term (`k = 1`, `t` = mean step compute of the calibration run: the model before 2026-11-29).
-The measured efficiency divides by the baseline step time, so a machine whose speed drifts
-between runs (other load) shows up as a prediction error too.
+term (`k = 1`, `t` = mean step compute of the calibration run: the model before 2026-11-29), and
+what each measured run itself saw (c_0, k, stall, wait, write): where a prediction misses, those
+say which input moved.
 """
 
 from __future__ import annotations
@@ -91,8 +95,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--calibrate-steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=1,
-                    help="repeat baseline + every interval this many times, interleaved; "
-                         "the measured efficiency is the median over rounds of each round's own ratio")
+                    help="repeat baseline, calibration and every interval this many times, interleaved; each "
+                         "round predicts from its own calibration and measures against its own baseline; the "
+                         "table shows medians over rounds")
     ap.add_argument("--width", type=int, default=2048, help="model width: state = 3 x (4 w^2 + 3 w + 1) floats")
     ap.add_argument("--step-time", type=float, default=0.05, help="pretend compute per step (sleep) in the script")
     ap.add_argument("--nproc", type=int, default=1)
@@ -106,58 +111,64 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"work dir {work}", file=sys.stderr)
     cal_args = argparse.Namespace(**{**vars(args), "steps": args.calibrate_steps})
-    cal = analyze(read_events(run_job(work, "calibration", args.calibrate_interval, cal_args))).calibration
-    assert cal.stall is not None and cal.write is not None, "the calibration run saved no checkpoint"
-    assembled = assemble(Inputs(mtbf_per_node=1e12), cal)  # the MTBF does not enter the efficiency
-    costs = assembled.costs
-    plain = Costs(step_time=cal.step_time, stall=cal.stall, write=cal.write)  # no interference term
-    # Interleaved rounds: a drift of the machine's speed hits a round's baseline and its intervals alike.
+    # Interleaved rounds, each with its own baseline and calibration: a drift of the machine's speed
+    # between rounds hits a round's baseline, calibration and intervals alike. Every prediction is
+    # still made from one short calibration run, before the runs it predicts.
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
         base_n, base_s = step_span(run_job(work, f"r{r}-baseline", args.steps * 10, args))
-        rnd: dict[str, Any] = {"baseline_step_s": base_s / base_n, "intervals": {}}
+        cal = analyze(read_events(run_job(work, f"r{r}-calibration", args.calibrate_interval, cal_args))).calibration
+        assert cal.stall is not None and cal.write is not None, "the calibration run saved no checkpoint"
+        assembled = assemble(Inputs(mtbf_per_node=1e12), cal)  # the MTBF does not enter the efficiency
+        costs = assembled.costs
+        plain = Costs(step_time=cal.step_time, stall=cal.stall, write=cal.write)  # no interference term
+        rnd: dict[str, Any] = {"baseline_step_s": base_s / base_n, "calibration": vars(cal), "costs": vars(costs),
+                               "sources": assembled.sources, "intervals": {}}
         for n in args.intervals:
+            pred, old = evaluate(n, costs), evaluate(n, plain)
             run_dir = run_job(work, f"r{r}-interval-{n}", n, args)
             steps, span = step_span(run_dir)
-            rnd["intervals"][n] = {"step_s": span / steps, "efficiency": rnd["baseline_step_s"] * steps / span,
-                                   "observed": observed(run_dir)}
-            print(f"    round {r} interval {n}: measured {rnd['intervals'][n]['efficiency']:.2%}",
+            eff = rnd["baseline_step_s"] * steps / span
+            rnd["intervals"][n] = {"step_s": span / steps, "efficiency": eff, "predicted": pred.efficiency,
+                                   "predicted_k1": old.efficiency, "regime": pred.regime,
+                                   "error_pp": 100 * (pred.efficiency - eff), "observed": observed(run_dir)}
+            print(f"    round {r} interval {n} ({pred.regime}): predicted {pred.efficiency:.2%}, measured {eff:.2%}",
                   file=sys.stderr, flush=True)
         rounds.append(rnd)
     rows: list[dict[str, Any]] = []
     for n in args.intervals:
-        pred, old = evaluate(n, costs), evaluate(n, plain)
-        effs = [rnd["intervals"][n]["efficiency"] for rnd in rounds]
-        measured = median(effs)
-        obs = {key: median([v for v in (rnd["intervals"][n]["observed"][key] for rnd in rounds) if v is not None] or [0.0])
-               for key in rounds[0]["intervals"][n]["observed"]}
-        rows.append({"interval": n, "regime": pred.regime, "predicted": pred.efficiency, "measured": measured,
-                     "measured_min": min(effs), "measured_max": max(effs),
-                     "error_pp": 100 * (pred.efficiency - measured), "predicted_k1": old.efficiency,
-                     "error_k1_pp": 100 * (old.efficiency - measured), "observed": obs,
-                     "predicted_wait_s": pred.wait_s, "predicted_cycle_s": pred.cycle_s})
-    t0 = median([rnd["baseline_step_s"] for rnd in rounds])
-    cw = f"{cal.step_time_writing * 1e3:.2f} ms" if cal.step_time_writing is not None else "-"
-    print(f"baseline step {t0 * 1e3:.2f} ms (median of {args.rounds}); calibration (interval "
-          f"{args.calibrate_interval}, {args.calibrate_steps} steps): step compute "
-          f"{cal.step_time * 1e3:.2f} ms mean, c_0 {costs.step_time * 1e3:.2f} ms ({cal.idle_samples} steps), "
-          f"c_w {cw} ({cal.writing_samples} steps), slowdown k {costs.write_slowdown:.3f}, "
-          f"stall {cal.stall * 1e3:.1f} ms, write {cal.write * 1e3:.0f} ms, "
-          f"{(cal.write_bytes or 0) / 1e6:.0f} MB per checkpoint")
-    print(f"{'interval':>8} {'regime':>14} {'predicted':>10} {'measured':>9} {'(min-max)':>15} {'error':>8} "
-          f"{'k=1 model':>10} {'error':>8} | observed in the run: c_0, k, stall, wait, write")
+        per = [rnd["intervals"][n] for rnd in rounds]
+        errs = [x["error_pp"] for x in per]
+        obs = {key: median([v for v in (x["observed"][key] for x in per) if v is not None] or [0.0])
+               for key in per[0]["observed"]}
+        regimes = sorted({x["regime"] for x in per})
+        rows.append({"interval": n, "regime": "/".join(regimes), "predicted": median([x["predicted"] for x in per]),
+                     "measured": median([x["efficiency"] for x in per]), "error_pp": median(errs),
+                     "error_min_pp": min(errs), "error_max_pp": max(errs),
+                     "predicted_k1": median([x["predicted_k1"] for x in per]),
+                     "error_k1_pp": median([100 * (x["predicted_k1"] - x["efficiency"]) for x in per]),
+                     "observed": obs})
+    cal_keys = ("step_time_idle", "step_time_writing", "write_slowdown", "stall", "write", "write_bytes")
+    cal_med = {k: median([rnd["calibration"][k] for rnd in rounds if rnd["calibration"][k] is not None] or [0.0])
+               for k in cal_keys}
+    print(f"baseline step {median([rnd['baseline_step_s'] for rnd in rounds]) * 1e3:.2f} ms; calibration (interval "
+          f"{args.calibrate_interval}, {args.calibrate_steps} steps), medians of {args.rounds} rounds: "
+          f"c_0 {cal_med['step_time_idle'] * 1e3:.2f} ms, c_w {cal_med['step_time_writing'] * 1e3:.2f} ms, "
+          f"k {cal_med['write_slowdown']:.3f}, stall {cal_med['stall'] * 1e3:.1f} ms, "
+          f"write {cal_med['write'] * 1e3:.0f} ms, {cal_med['write_bytes'] / 1e6:.0f} MB per checkpoint")
+    print(f"{'interval':>8} {'regime':>14} {'predicted':>10} {'measured':>9} {'error':>8} {'(min..max)':>16} "
+          f"{'k=1 model':>10} {'error':>8} | observed in the runs: c_0, k, stall, wait, write")
     for r in rows:
         o = r["observed"]
         print(f"{r['interval']:>8} {r['regime']:>14} {r['predicted']:>10.2%} {r['measured']:>9.2%} "
-              f"{r['measured_min']:>7.2%}-{r['measured_max']:>7.2%} {r['error_pp']:>+7.2f}pp "
+              f"{r['error_pp']:>+7.2f}pp {r['error_min_pp']:>+7.2f}..{r['error_max_pp']:>+6.2f} "
               f"{r['predicted_k1']:>10.2%} {r['error_k1_pp']:>+7.2f}pp | {o['c0'] * 1e3:.1f} ms, {o['k'] or 0:.2f}, "
               f"{o['stall'] * 1e3:.1f} ms, {o['waited'] * 1e3:.1f} ms, {o['write'] * 1e3:.0f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": platform.node(),
-            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "baseline_step_s": t0,
-            "calibration": vars(cal), "costs": vars(costs), "sources": assembled.sources, "rows": rows,
-            "rounds": rounds}, indent=2, default=str))
+            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows, "rounds": rounds},
+            indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ class Checkpointer:
             "device": into a spare device arena (a device-to-device copy, ~100x faster), then the
             background writer copies it to pinned host memory; costs GPU memory equal to the
             state, and falls back to "host" with a warning when that allocation fails.
+        recycle: reuse the files of a pruned checkpoint for the next write (overwritten in place
+            inside a hidden temp directory) instead of deleting them and allocating new ones. On
+            local disks mounted with `discard` a deletion makes the next write's fsync wait for the
+            TRIM of the freed blocks (measured on the H200 machine's ext4: 74 -> 93 ms for 101 MB
+            back to back); recycling also skips the block allocation. Off: delete, as before.
         rank, world_size: default to torch.distributed when initialised, else env RANK /
             WORLD_SIZE, else 0 / 1 (looked up at every call: in-process restarts may renumber).
         events: an `EventLog` for `ckpt_stall`, `ckpt_persist`, `ckpt_prune` and `ckpt_skip`.
@@ -84,6 +89,7 @@ class Checkpointer:
         keep_last: int = 2,
         writers: int = 4,
         stage: str = "host",
+        recycle: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
         events: EventLog | None = None,
@@ -119,6 +125,10 @@ class Checkpointer:
         #: Seconds the last prune took (diagnostics; None before the first one).
         self.last_prune_s: float | None = None
         self._cleaned = False
+        self.recycle = recycle
+        # At most one pruned checkpoint directory waiting to be overwritten by the next write.
+        self._recycled: list[Path] = []
+        self._recycle_lock = threading.Lock()
         self._beat_lock = threading.Lock()
         self._last_beat = 0.0
         self._latest: tuple[MutableMapping[str, Any], int] | None = None
@@ -315,6 +325,10 @@ class Checkpointer:
             self._bg.shutdown(wait=True)
             self._pool.shutdown(wait=True)
             self._prune_exec.shutdown(wait=True)
+            with self._recycle_lock:
+                pooled, self._recycled = self._recycled, []
+            for path in pooled:  # nobody will overwrite them now: give the space back
+                shutil.rmtree(path, ignore_errors=True)
 
     def _wait_previous(self) -> float:
         fut, step = self._inflight, self._inflight_step
@@ -361,7 +375,7 @@ class Checkpointer:
         except FileNotFoundError:
             return
         for entry in entries:
-            if entry.name.startswith((".tmp-step-", ".trash-")) and entry.is_dir():
+            if entry.name.startswith((".tmp-step-", ".trash-", ".recycle-")) and entry.is_dir():
                 shutil.rmtree(entry.path, ignore_errors=True)
 
     def _host_arena(self, total: int, pinned: bool) -> torch.Tensor:
@@ -464,12 +478,13 @@ class Checkpointer:
         self.dir.mkdir(parents=True, exist_ok=True)
         name = fmt.step_dir_name(step)
         tmp = self.dir / f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()
+        ranges = fmt.split_ranges(total, self.writers)
+        if not self._reuse_recycled(tmp, {fmt.META, *(f"data-{i}.bin" for i in range(len(ranges)))}):
+            tmp.mkdir()
         try:
             if staged.is_cuda:
                 staged = self._to_host(staged)
             view = fmt.byte_view(staged)
-            ranges = fmt.split_ranges(total, self.writers)
             futures = [
                 self._pool.submit(write_data_file, tmp / f"data-{i}.bin", view[lo:hi], self._tick)
                 for i, (lo, hi) in enumerate(ranges)
@@ -518,9 +533,43 @@ class Checkpointer:
             shutil.rmtree(trash, ignore_errors=True)
         return final
 
-    def prune(self) -> int:
-        """Keep the newest `keep_last` complete checkpoints; remove older ones (complete or not).
-        Returns how many were removed."""
+    def _reuse_recycled(self, tmp: Path, names: set[str]) -> bool:
+        """Move a recycled directory to `tmp` for the next write; remove what that write will not
+        overwrite. False when none is waiting (the caller makes a fresh directory)."""
+        with self._recycle_lock:
+            if not self._recycled:
+                return False
+            old = self._recycled.pop()
+        try:
+            os.rename(old, tmp)
+        except OSError:
+            shutil.rmtree(old, ignore_errors=True)
+            return False
+        for entry in os.scandir(tmp):
+            if entry.name not in names:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+        return True
+
+    def _keep_for_recycling(self, path: Path) -> bool:
+        """Hide a checkpoint that is being pruned and keep it for the next write to overwrite."""
+        with self._recycle_lock:
+            if self._recycled:
+                return False
+            hidden = self.dir / f".recycle-{secrets.token_hex(4)}"
+            try:
+                os.rename(path, hidden)
+            except OSError:
+                return False
+            self._recycled.append(hidden)
+        return True
+
+    def prune(self, recycle: bool = True) -> int:
+        """Keep the newest `keep_last` complete checkpoints; remove older ones (complete or not;
+        with `recycle` the first one is hidden and kept for the next write). Returns how many
+        were removed from view."""
         complete = [(s, p) for s, p in fmt.list_step_dirs(self.dir) if (p / fmt.MANIFEST).exists()]
         if len(complete) <= self.keep_last:
             return 0
@@ -528,6 +577,9 @@ class Checkpointer:
         oldest_kept = complete[self.keep_last - 1][0]
         for s, p in fmt.list_step_dirs(self.dir):
             if s < oldest_kept:
+                if recycle and self.recycle and self._keep_for_recycling(p):
+                    removed += 1
+                    continue
                 # Rename first so a half-deleted directory is never visible as a checkpoint.
                 trash = self.dir / f".trash-{p.name}-{secrets.token_hex(4)}"
                 try:

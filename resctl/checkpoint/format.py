@@ -9,6 +9,7 @@ A checkpoint directory looks like this::
         manifest.json            written last: sizes and CRC32s of every file, tensor layout, step
       .tmp-step-000000200-...    being written (never loaded; removed by the next writer)
       .trash-...                 being pruned (never loaded)
+      .recycle-...               a pruned checkpoint whose files the next write overwrites
 
 The *stream* is every tensor of the state, laid end to end at 64-byte-aligned offsets (zero
 padding in between). It is cut into `writers` equal byte ranges, one file each, so every writer
@@ -130,14 +131,16 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 def write_file(
     path: str | os.PathLike[str], parts: list[memoryview], tick: Callable[[], None] | None = None
 ) -> tuple[int, int]:
-    """Write `parts` to a new file, fsync it, and return (bytes, crc32).
+    """Write `parts` to a file (new, or an old one overwritten in place and cut to the new size),
+    fsync it, and return (bytes, crc32).
 
     The checksum is taken chunk by chunk while writing; zlib.crc32 and os.write both release the
     GIL on large buffers, so several of these run in parallel threads.
     """
     crc = 0
     size = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    # No O_TRUNC: a recycled file keeps its blocks (no free + reallocate, no TRIM on `discard` mounts).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         for part in parts:
             for lo in range(0, len(part), CHUNK):
@@ -149,6 +152,7 @@ def write_file(
                 size += len(chunk)
                 if tick is not None:
                     tick()
+        os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -88,7 +88,7 @@ def save(ckpt: "Checkpointer", entries: dict[str, Any], stateful: list[str], ste
             fmt.write_manifest(tmp / fmt.MANIFEST, body)
             fmt.fsync_dir(tmp)
             ckpt.publish(tmp, step)
-            ckpt.prune()
+            ckpt.prune(recycle=False)  # only the plain writer overwrites recycled files
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -102,7 +102,9 @@ def test_keep_last_prunes_older(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40):
         ck.save({"x": torch.full((4,), float(step))}, step)
     ck.wait()
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-000000030", "step-000000040"]
+    visible = sorted(p.name for p in (tmp_path / "ck").iterdir() if not p.name.startswith("."))
+    assert visible == ["step-000000030", "step-000000040"]
+    assert len(_hidden(tmp_path / "ck", ".")) <= 1  # at most one pruned checkpoint kept for recycling
 
 
 def _flip_byte(path: Path, offset: int) -> None:
@@ -343,3 +345,54 @@ def test_request_final_save_at_next_step_boundary(tmp_path: Path) -> None:
     assert ck.final_done.is_set()
     loaded: dict[str, Any] = {"x": None}
     assert ck.load(loaded) == 2 and torch.equal(loaded["x"], torch.full((4,), 2.0))
+
+
+def _hidden(root: Path, prefix: str) -> list[str]:
+    return sorted(e.name for e in os.scandir(root) if e.name.startswith(prefix))
+
+
+def test_pruned_files_are_recycled_by_the_next_write(tmp_path: Path) -> None:
+    """keep_last=1: the pruned checkpoint's files are overwritten in place (same inode), cut to the
+    new, smaller size, and every visible checkpoint still verifies and loads bitwise."""
+    ck = _ckpt(tmp_path, keep_last=1, writers=2, async_=True, recycle=True)
+    root = tmp_path / "ck"
+    big = torch.arange(5 << 20, dtype=torch.float32)  # 20 MB: two data files of 10 MB
+    ck.save({"x": big}, 1)
+    ck.wait()
+    first = {n: os.stat(root / "step-000000001" / n).st_ino for n in ("data-0.bin", "data-1.bin")}
+    ck.save({"x": big * 2}, 2)
+    ck.wait()  # step 1 is pruned now: hidden, kept for the next write
+    assert _hidden(root, ".recycle-") and not (root / "step-000000001").exists()
+    small = torch.arange(2 << 20, dtype=torch.float64) - 7  # 16 MB: two files of 8 MB, the old ones must shrink
+    ck.save({"x": small}, 3)
+    ck.wait()
+    assert {n: os.stat(root / "step-000000003" / n).st_ino for n in first} == first
+    manifest = json.loads((root / "step-000000003" / fmt.MANIFEST).read_text())["body"]
+    for name, info in manifest["files"].items():
+        assert (root / "step-000000003" / name).stat().st_size == info["bytes"]
+    assert [s for s, _ in fmt.list_step_dirs(root)] == [3]
+    state: dict[str, Any] = {"x": None}
+    assert ck.load(state) == 3
+    _assert_same(state["x"], small)
+    ck.close()
+    assert not _hidden(root, ".recycle-")  # close gives the space of a waiting directory back
+
+
+def test_recycle_off_deletes_and_a_killed_writers_recycle_dir_is_cleaned(tmp_path: Path) -> None:
+    ck = _ckpt(tmp_path, keep_last=1, recycle=False)
+    root = tmp_path / "ck"
+    for step in (1, 2, 3):
+        ck.save({"x": torch.full((64,), float(step))}, step)
+        ck.wait()
+    assert not _hidden(root, ".recycle-") and [s for s, _ in fmt.list_step_dirs(root)] == [3]
+    # A process killed while a pruned checkpoint waited for recycling leaves it hidden; the next
+    # process removes it before its first save and never loads it.
+    (root / ".recycle-dead").mkdir()
+    (root / ".recycle-dead" / "data-0.bin").write_bytes(b"\0" * 64)
+    ck2 = _ckpt(tmp_path, keep_last=1)
+    state: dict[str, Any] = {"x": None}
+    assert ck2.load(state) == 3
+    ck2.save({"x": torch.ones(64)}, 4)
+    ck2.wait()
+    assert ".recycle-dead" not in _hidden(root, ".recycle-")
+    ck2.close()
