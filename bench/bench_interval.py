@@ -61,7 +61,8 @@ def run_job(work: Path, name: str, interval: int, args: argparse.Namespace) -> P
         "--step-time", str(args.step_time), "--device", args.device,
     ]
     t = time.monotonic()
-    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}))
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"{name}: resctl run failed with exit {proc.returncode}")
@@ -103,6 +104,8 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (passed to examples/train_ckpt.py)")
     ap.add_argument("--writers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="OMP_NUM_THREADS of the workers (torch's compute threads; 0: torch's default, every core)")
     ap.add_argument("--work", default="", help="directory for runs and checkpoints (default: a temp dir)")
     ap.add_argument("--json", default="", help="write all numbers here")
     args = ap.parse_args()
