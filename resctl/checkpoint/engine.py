@@ -479,7 +479,8 @@ class Checkpointer:
         name = fmt.step_dir_name(step)
         tmp = self.dir / f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"
         ranges = fmt.split_ranges(total, self.writers)
-        if not self._reuse_recycled(tmp, {fmt.META, *(f"data-{i}.bin" for i in range(len(ranges)))}):
+        recycled = self._reuse_recycled(tmp, {fmt.META, *(f"data-{i}.bin" for i in range(len(ranges)))})
+        if not recycled:
             tmp.mkdir()
         try:
             if staged.is_cuda:
@@ -514,7 +515,8 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.events.emit(
-            "ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=total + len(meta)
+            "ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=total + len(meta),
+            recycled=recycled,
         )
         self._prune_after_durable()
 

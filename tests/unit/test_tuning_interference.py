@@ -183,3 +183,18 @@ def test_slowdown_below_one_is_noise() -> None:
     assert cal.write_slowdown == pytest.approx(0.95)
     got = assemble(Inputs(mtbf_per_node=1e6), cal)
     assert got.costs.write_slowdown == 1.0 and "taken as 1.0" in got.sources["write_slowdown"]
+
+
+def test_calibration_write_is_the_recycled_steady_state() -> None:
+    """The first writes of a process allocate new files (slower); once writes recycle a pruned
+    checkpoint's files, only those give W. A run without the flag (older events) uses them all."""
+    sim = simulate(1.0, 1.0, 0.5, 3.0, 10, 80)
+    persists = [e for e in sim["events"] if e["kind"] == "ckpt_persist"]
+    for i, e in enumerate(persists):
+        e["recycled"] = i >= 2
+        if i < 2:
+            e["seconds"] = 6.0  # as if fresh files were twice as slow
+    assert analyze(sim["events"]).calibration.write == pytest.approx(3.0)
+    for e in persists:
+        del e["recycled"]
+    assert len(persists) == 8 and analyze(sim["events"]).calibration.write == pytest.approx((2 * 6.0 + 6 * 3.0) / 8)
