@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from resctl.telemetry.goodput import analyze
 from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, wait_for
 
 pytestmark = pytest.mark.slow
@@ -118,6 +119,20 @@ def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
     else:
         assert len(cycles) == 6 and not inproc_restarts, (cycles, inproc_restarts)
     assert_same_final(tmp_path / "drill.pt", references[nproc])
+    # `resctl report` of the same run agrees with the schedule: one recovery per fault, each by the
+    # layer that should take it, resumed from the newest durable checkpoint (a multiple of 5, and 15
+    # for the write of 20 that failed), rolled back from the step the fault hit.
+    report = analyze(ev)
+    last = nproc - 1
+    want = [("exception", last, 8, 5), ("sigkill", 0, 12, 10), ("hang", last, 13, 10), ("exception", 0, 14, 10),
+            ("checkpoint_exception", 0, 25, 15)]
+    got = [(r.cause, r.rank, r.last_step, r.resumed_step) for r in report.recoveries]
+    assert got == want, got
+    assert [r.rollback_steps for r in report.recoveries] == [3, 2, 3, 4, 10]
+    layers = [r.layer for r in report.recoveries]
+    assert layers == (["inprocess", "launcher", "inprocess", "inprocess", "inprocess"] if inprocess else ["launcher"] * 5)
+    for r in report.recoveries:
+        assert r.injected and r.total is not None and r.total > 0
 
 
 def test_sigkill_falls_through_to_the_launcher_with_inprocess_on(tmp_path: Path, references: dict[int, Path]) -> None:
