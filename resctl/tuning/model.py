@@ -59,8 +59,9 @@ Limits: failures are exponential and independent; P, R and L are small against M
 goodput); a failure loses an async write still in flight; step time, stall and write time are
 constant (calibrate them from a run under the same load); the slowdown `k` is one number for
 every step a write overlaps, and `W` does not depend on the interval (in back-pressure training
-waits and the writer gets the whole host, so a CPU write can run faster than calibrated); the
-restart cost does not depend on the interval.
+waits and the writer gets the whole host, so a CPU write can run faster than calibrated; the
+calibration takes the steady-state write, see `resctl.telemetry.goodput`); the restart cost does
+not depend on the interval.
 """
 
 from __future__ import annotations
