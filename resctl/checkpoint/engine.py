@@ -149,6 +149,7 @@ class Checkpointer:
             keep_last=section.keep_last,
             writers=section.writers,
             stage=section.stage,
+            recycle=section.recycle,
         )
         args.update(kw)
         return cls(**args)

@@ -153,6 +153,11 @@ class Checkpoint(Section):
         description="Where a save snapshots CUDA tensors before returning: host (pinned memory; blocks for the "
         "device-to-host copy) or device (spare GPU memory the size of the state; blocks ~100x less).",
     )
+    recycle: bool = Field(
+        True,
+        description="Overwrite a pruned checkpoint's files in place for the next write instead of deleting them "
+        "(no TRIM wait on disks mounted with discard, no new blocks); false: delete.",
+    )
     intercept_torch_save: str = Field(
         "", description="Glob of paths whose torch.save becomes an async atomic save (zero-edit checkpointing)."
     )

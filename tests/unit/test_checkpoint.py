@@ -396,3 +396,13 @@ def test_recycle_off_deletes_and_a_killed_writers_recycle_dir_is_cleaned(tmp_pat
     ck2.wait()
     assert ".recycle-dead" not in _hidden(root, ".recycle-")
     ck2.close()
+
+
+def test_profile_key_turns_recycling_off(tmp_path: Path) -> None:
+    from resctl.profile.schema import Checkpoint as Section
+
+    on = Checkpointer.from_section(Section(dir=str(tmp_path / "a")), rank=0, world_size=1)
+    off = Checkpointer.from_section(Section(dir=str(tmp_path / "b"), recycle=False), rank=0, world_size=1)
+    assert (on.recycle, off.recycle) == (True, False)
+    on.close()
+    off.close()
