@@ -126,8 +126,8 @@ class Checkpointer:
         self.last_prune_s: float | None = None
         self._cleaned = False
         self.recycle = recycle
-        # At most one pruned checkpoint directory waiting to be overwritten by the next write.
-        self._recycled: list[Path] = []
+        # The pruned checkpoint directory waiting to be overwritten by the next write (at most one).
+        self._recycled: Path | None = None
         self._recycle_lock = threading.Lock()
         self._beat_lock = threading.Lock()
         self._last_beat = 0.0
@@ -327,9 +327,9 @@ class Checkpointer:
             self._pool.shutdown(wait=True)
             self._prune_exec.shutdown(wait=True)
             with self._recycle_lock:
-                pooled, self._recycled = self._recycled, []
-            for path in pooled:  # nobody will overwrite them now: give the space back
-                shutil.rmtree(path, ignore_errors=True)
+                waiting, self._recycled = self._recycled, None
+            if waiting is not None:  # nobody will overwrite it now: give the space back
+                shutil.rmtree(waiting, ignore_errors=True)
 
     def _wait_previous(self) -> float:
         fut, step = self._inflight, self._inflight_step
@@ -540,9 +540,9 @@ class Checkpointer:
         """Move a recycled directory to `tmp` for the next write; remove what that write will not
         overwrite. False when none is waiting (the caller makes a fresh directory)."""
         with self._recycle_lock:
-            if not self._recycled:
-                return False
-            old = self._recycled.pop()
+            old, self._recycled = self._recycled, None
+        if old is None:
+            return False
         try:
             os.rename(old, tmp)
         except OSError:
@@ -559,14 +559,14 @@ class Checkpointer:
     def _keep_for_recycling(self, path: Path) -> bool:
         """Hide a checkpoint that is being pruned and keep it for the next write to overwrite."""
         with self._recycle_lock:
-            if self._recycled:
+            if self._recycled is not None:
                 return False
             hidden = self.dir / f".recycle-{secrets.token_hex(4)}"
             try:
                 os.rename(path, hidden)
             except OSError:
                 return False
-            self._recycled.append(hidden)
+            self._recycled = hidden
         return True
 
     def prune(self, recycle: bool = True) -> int:
