@@ -36,7 +36,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from statistics import median
+from typing import Any, Iterable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -71,22 +72,22 @@ def run_job(work: Path, name: str, interval: int, args: argparse.Namespace) -> P
     return run_dir
 
 
-def step_span(run_dir: Path) -> tuple[int, float]:
+def step_span(evs: list[dict[str, Any]]) -> tuple[int, float]:
     """(steps after the first, seconds from the first to the last step) of rank 0."""
-    steps = sorted(float(e["t"]) for e in read_events(run_dir) if e["kind"] == "step" and e["rank"] == 0)
+    steps = sorted(float(e["t"]) for e in evs if e["kind"] == "step" and e["rank"] == 0)
     return len(steps) - 1, steps[-1] - steps[0]
 
 
-def observed(run_dir: Path) -> dict[str, Any]:
+def observed(evs: list[dict[str, Any]]) -> dict[str, Any]:
     """What the model's inputs were in one measured run (its own calibration): the diagnosis of an error."""
-    c = analyze(read_events(run_dir)).calibration
+    c = analyze(evs).calibration
     return {"c0": c.step_time_idle, "cw": c.step_time_writing, "k": c.write_slowdown, "stall": c.stall,
             "waited": c.waited, "write": c.write, "step_mean": c.step_time}
 
 
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+def median_known(values: Iterable[float | None]) -> float:
+    """Median of the values that were measured (0.0 when none was)."""
+    return median([v for v in values if v is not None] or [0.0])
 
 
 def main() -> None:
@@ -119,7 +120,7 @@ def main() -> None:
     # still made from one short calibration run, before the runs it predicts.
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        base_n, base_s = step_span(run_job(work, f"r{r}-baseline", args.steps * 10, args))
+        base_n, base_s = step_span(list(read_events(run_job(work, f"r{r}-baseline", args.steps * 10, args))))
         cal = analyze(read_events(run_job(work, f"r{r}-calibration", args.calibrate_interval, cal_args))).calibration
         assert cal.stall is not None and cal.write is not None, "the calibration run saved no checkpoint"
         assembled = assemble(Inputs(mtbf_per_node=1e12), cal)  # the MTBF does not enter the efficiency
@@ -129,12 +130,12 @@ def main() -> None:
                                "sources": assembled.sources, "intervals": {}}
         for n in args.intervals:
             pred, old = evaluate(n, costs), evaluate(n, plain)
-            run_dir = run_job(work, f"r{r}-interval-{n}", n, args)
-            steps, span = step_span(run_dir)
+            evs = list(read_events(run_job(work, f"r{r}-interval-{n}", n, args)))
+            steps, span = step_span(evs)
             eff = rnd["baseline_step_s"] * steps / span
             rnd["intervals"][n] = {"step_s": span / steps, "efficiency": eff, "predicted": pred.efficiency,
                                    "predicted_k1": old.efficiency, "regime": pred.regime,
-                                   "error_pp": 100 * (pred.efficiency - eff), "observed": observed(run_dir)}
+                                   "error_pp": 100 * (pred.efficiency - eff), "observed": observed(evs)}
             print(f"    round {r} interval {n} ({pred.regime}): predicted {pred.efficiency:.2%}, measured {eff:.2%}",
                   file=sys.stderr, flush=True)
         rounds.append(rnd)
@@ -142,8 +143,7 @@ def main() -> None:
     for n in args.intervals:
         per = [rnd["intervals"][n] for rnd in rounds]
         errs = [x["error_pp"] for x in per]
-        obs = {key: median([v for v in (x["observed"][key] for x in per) if v is not None] or [0.0])
-               for key in per[0]["observed"]}
+        obs = {key: median_known(x["observed"][key] for x in per) for key in per[0]["observed"]}
         regimes = sorted({x["regime"] for x in per})
         rows.append({"interval": n, "regime": "/".join(regimes), "predicted": median([x["predicted"] for x in per]),
                      "measured": median([x["efficiency"] for x in per]), "error_pp": median(errs),
@@ -152,8 +152,7 @@ def main() -> None:
                      "error_k1_pp": median([100 * (x["predicted_k1"] - x["efficiency"]) for x in per]),
                      "observed": obs})
     cal_keys = ("step_time_idle", "step_time_writing", "write_slowdown", "stall", "write", "write_bytes")
-    cal_med = {k: median([rnd["calibration"][k] for rnd in rounds if rnd["calibration"][k] is not None] or [0.0])
-               for k in cal_keys}
+    cal_med = {k: median_known(rnd["calibration"][k] for rnd in rounds) for k in cal_keys}
     print(f"baseline step {median([rnd['baseline_step_s'] for rnd in rounds]) * 1e3:.2f} ms; calibration (interval "
           f"{args.calibrate_interval}, {args.calibrate_steps} steps), medians of {args.rounds} rounds: "
           f"c_0 {cal_med['step_time_idle'] * 1e3:.2f} ms, c_w {cal_med['step_time_writing'] * 1e3:.2f} ms, "
