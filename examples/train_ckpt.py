@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 
 import torch
@@ -77,7 +78,19 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (each rank uses GPU LOCAL_RANK)")
     ap.add_argument("--backend", default="", help="process group backend (default: gloo on cpu, nccl on cuda); "
                     "given explicitly, a group is made even for one rank")
+    ap.add_argument("--block-sigterm", action="store_true",
+                    help="block SIGTERM in the main thread, as a rank stuck in native code (an NCCL wait, a CUDA "
+                    "sync) effectively does: only the default action or another thread can stop it")
+    ap.add_argument("--stall-at", default="", metavar="STEP:RANK",
+                    help="first launcher cycle only: RANK sleeps in native code after STEP, as a rank whose peer "
+                    "died sits in a collective that never completes")
     args = ap.parse_args()
+    stall_step, _, stall_rank = args.stall_at.partition(":")
+    stall = (int(stall_step), int(stall_rank or 0)) if stall_step else None
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        stall = None
+    if args.block_sigterm:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -111,6 +124,8 @@ def main() -> None:
         opt.step()
         if args.step_time:
             time.sleep(args.step_time)
+        if stall == (step, rank):
+            time.sleep(3600)
         checkpoint.maybe_save(state, step)
         if rank == 0 and step % 10 == 0:
             print(f"[rank 0] step {step} loss {loss.item():.6f}", flush=True)

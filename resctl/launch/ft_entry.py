@@ -1,47 +1,187 @@
-"""`python -m resctl.launch.ft_entry ARGS`: NVRx `ft_launcher` with version adapters applied.
+"""`python -m resctl.launch.ft_entry ARGS`: NVRx `ft_launcher` with resctl's adapters applied.
 
 resctl starts the launcher through this module instead of `-m nvidia_resiliency_ext...launcher` so
-that small incompatibilities between an NVRx release and the installed torch can be bridged without
-forking NVRx. Each adapter checks for the exact gap it fills and does nothing otherwise:
+that gaps between an NVRx release and the installed torch, and the launcher's slow paths, can be
+bridged without forking NVRx. Every change is an owned, undoable patch (`resctl.patching`), and each
+checks for the exact gap it fills:
 
-- NVRx 0.4.1's multiprocessing compat reads `ProcessExitedException.pid`; torch >= 2.6 names it
-  `error_pid`. Without the alias a worker killed by a signal under `--start-method fork`
-  (`launch.worker_start = "fork"`) crashes the launcher instead of restarting the workers.
+- `ProcessException.pid`: NVRx 0.4.1's multiprocessing compat reads `.pid`; torch >= 2.6 names it
+  `error_pid`. Without the alias a worker killed by a signal under `--start-method fork` crashes the
+  launcher instead of restarting the workers.
+- `RunResult.is_failed` (0.4/0.5): a group that used up its restarts ends UNHEALTHY with failures,
+  which the launcher took for success (exit 0).
+- **Quick restart stops.** When a worker dies, torch's `ProcessContext.join` (forked workers, every
+  NVRx version) SIGTERMs the others and waits a hard-coded 30 s before SIGKILL; NVRx's
+  `_stop_workers` (exec'd workers) waits `--workers-stop-timeout`. A survivor blocked in an NCCL
+  or gloo collective never runs a Python SIGTERM handler, so every restart paid the full wait. Both
+  paths now first name the stopped PIDs in the restart-stop marker (`resctl.launch.stop`), so the
+  shim leaves at once instead of saving, and both wait at most `--workers-stop-timeout`.
+- **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
+  default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
+  the end of the job waits for the next poll; the interval still paces the other checks.
+
+Forked workers inherit the launcher's memory: the patches are undone in every child at fork.
 """
 
 from __future__ import annotations
 
+import os
+import select
+import signal
+from typing import Any
 
-def apply_adapters() -> list[str]:
-    """Patch what the installed versions need; returns the names of the adapters applied."""
-    import importlib
-
-    applied = []
-    # `torch.multiprocessing.spawn` the attribute is a function; the module has to be looked up.
-    spawn = importlib.import_module("torch.multiprocessing.spawn")
-    if not hasattr(spawn.ProcessException, "pid"):
-        spawn.ProcessException.pid = property(lambda self: self.error_pid)  # type: ignore[attr-defined]
-        applied.append("ProcessException.pid")
-    try:  # NVRx 0.4/0.5 carry their own copy of torch elastic; 0.6+ use torch's
-        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
-    except ImportError:
-        return applied
-    if not getattr(api.RunResult.is_failed, "_resctl", False):
-        original = api.RunResult.is_failed
-
-        def is_failed(self: "api.RunResult") -> bool:
-            return original(self) or (self.state == api.WorkerState.UNHEALTHY and bool(self.failures))
-
-        is_failed._resctl = True  # type: ignore[attr-defined]
-        api.RunResult.is_failed = is_failed  # type: ignore[method-assign]
-        applied.append("RunResult.is_failed")
-    return applied
-
+from resctl.launch import stop
+from resctl.patching import Patches
 
 # Imported once in the launcher when workers are forked from it, so no worker pays for them again.
 # torch imports torch._dynamo (and sympy) lazily on the first optimizer it builds: seconds per worker.
 PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "torch._dynamo", "torch.distributed.fsdp",
            "resctl.shim.runtime", "resctl.checkpoint", "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
+
+PATCHES = Patches("launcher")
+
+
+class _Agent:
+    """The launcher's elastic agent, once it has started workers (for the patches below)."""
+
+    current: Any = None
+
+    @classmethod
+    def stop_timeout(cls) -> float | None:
+        agent = cls.current
+        return None if agent is None else float(getattr(agent, "_workers_stop_timeout", 0) or 0) or None
+
+    @classmethod
+    def live_pids(cls) -> list[int]:
+        agent = cls.current
+        pcontext = getattr(agent, "_pcontext", None)
+        if pcontext is None:
+            return []
+        try:
+            return [int(p) for p in pcontext.pids().values()]
+        except Exception:  # noqa: BLE001 - a context being torn down
+            return []
+
+
+def _stop_file() -> Any:
+    from pathlib import Path
+
+    return Path(os.environ[stop.ENV])
+
+
+def _bridge_versions(patches: Patches) -> None:
+    import importlib
+
+    # `torch.multiprocessing.spawn` the attribute is a function; the module has to be looked up.
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
+    if not hasattr(spawn.ProcessException, "pid"):
+        patches.set(spawn.ProcessException, "pid", property(lambda self: self.error_pid))
+    try:  # NVRx 0.4/0.5 carry their own copy of torch elastic; 0.6+ use torch's
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
+    except ImportError:
+        return
+    original = api.RunResult.is_failed
+
+    def is_failed(self: "api.RunResult") -> bool:
+        return original(self) or (self.state == api.WorkerState.UNHEALTHY and bool(self.failures))
+
+    patches.set(api.RunResult, "is_failed", is_failed)
+
+
+def _quick_restart_stops(patches: Patches) -> None:
+    import importlib
+    import multiprocessing.connection
+
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
+    join = spawn.ProcessContext.join
+
+    def quick_join(self: Any, timeout: float | None = None, grace_period: float | None = None) -> Any:
+        limit = _Agent.stop_timeout()
+        if limit is not None and self.sentinels:
+            ready = multiprocessing.connection.wait(list(self.sentinels), timeout=0)
+            if any(self.processes[self.sentinels[s]].exitcode not in (0, None) for s in ready):
+                survivors = [p for p in self.processes if p.is_alive()]
+                stop.mark_restart(_stop_file(), (p.pid for p in survivors))
+                for proc in survivors:
+                    try:
+                        os.kill(proc.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            if grace_period is None:  # torch waits this, SIGTERMs, waits it again, then SIGKILLs
+                grace_period = limit / 2
+        return join(self, timeout, grace_period)
+
+    patches.set(spawn.ProcessContext, "join", quick_join)
+
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    agent_cls = launcher.LocalElasticAgent
+    stop_workers = agent_cls._stop_workers
+    start_workers = agent_cls._start_workers
+
+    def marked_stop_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        stop.mark_restart(_stop_file(), _Agent.live_pids())
+        return stop_workers(self, *args, **kwargs)
+
+    def tracked_start_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _Agent.current = self
+        stop.clear(_stop_file())
+        return start_workers(self, *args, **kwargs)
+
+    patches.set(agent_cls, "_stop_workers", marked_stop_workers)
+    patches.set(agent_cls, "_start_workers", tracked_start_workers)
+
+
+class _WakeOnWorkerExit:
+    """Stands in for the `time` module inside NVRx's launcher module: `sleep()` also returns when
+    a worker that was alive exits. Everything else is the real module."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def sleep(self, seconds: float) -> None:
+        fds = []
+        for pid in _Agent.live_pids():
+            try:
+                fds.append(os.pidfd_open(pid))
+            except OSError:  # gone and reaped, or no pidfd on this kernel
+                continue
+        try:
+            exited = set(select.select(fds, [], [], 0)[0]) if fds else set()
+            alive = [fd for fd in fds if fd not in exited]
+            if not alive:
+                self._real.sleep(seconds)
+            else:
+                select.select(alive, [], [], seconds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _wake_on_worker_exit(patches: Patches) -> None:
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    if hasattr(os, "pidfd_open") and not isinstance(launcher.time, _WakeOnWorkerExit):
+        patches.set(launcher, "time", _WakeOnWorkerExit(launcher.time))
+
+
+def apply_adapters() -> list[str]:
+    """Patch what the installed versions need (once); returns what was patched."""
+    if PATCHES:
+        return []
+    _bridge_versions(PATCHES)
+    if stop.ENV in os.environ:  # the quick stops need the marker file main() set up
+        _quick_restart_stops(PATCHES)
+    _wake_on_worker_exit(PATCHES)
+    return PATCHES.applied
+
+
+def undo_adapters() -> None:
+    PATCHES.undo()
+    _Agent.current = None
 
 
 def preload() -> None:
@@ -51,12 +191,29 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def main() -> None:
-    import os
+def _launcher_title() -> str:
+    import json
 
+    try:
+        with open(os.environ["RESCTL_PLAN"], encoding="utf-8") as f:
+            return "resctl-launcher " + os.path.basename(json.load(f)["target"]["script"])
+    except (KeyError, OSError, ValueError, TypeError):
+        return "resctl-launcher"
+
+
+def main() -> None:
+    import atexit
+
+    marker = stop.file_for(os.getpid())
+    os.environ[stop.ENV] = str(marker)
+    atexit.register(stop.clear, marker)
     apply_adapters()
+    os.register_at_fork(after_in_child=undo_adapters)  # workers and rank monitors run unpatched code
     if os.environ.get("RESCTL_PRELOAD") == "1":
         preload()
+    from resctl.launch.titles import set_title
+
+    set_title(_launcher_title())
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as launcher_main
 
     launcher_main()

@@ -61,7 +61,10 @@ class Launch(Section):
     local_addr: str = Field("", description="Address other nodes reach this node on; empty uses the FQDN.")
     monitor_interval: Duration = Field(5.0, gt=0, description="How often the launcher polls its workers.")
     term_timeout: Duration = Field(60.0, gt=0, description="Grace between SIGTERM and SIGKILL when the launcher is told to stop.")
-    workers_stop_timeout: Duration = Field(15.0, gt=0, description="Grace between SIGTERM and SIGKILL when workers are restarted.")
+    workers_stop_timeout: Duration = Field(
+        0.5, gt=0, description="Grace between SIGTERM and SIGKILL when the launcher stops workers to restart them "
+        "(forked and exec'd alike). resctl's shim leaves at once on such a SIGTERM; this bounds a worker that cannot.",
+    )
     restart_policy: Literal["auto", "any-failed", "min-healthy"] = Field(
         "auto", description="auto picks min-healthy on NVRx 0.4 when in-process restart is on, else any-failed."
     )
@@ -121,7 +124,10 @@ class InProcess(Section):
     termination_grace_time: Duration = Field(5.0, ge=0, description="Grace between SIGTERM and SIGKILL of a hung rank.")
     max_iterations: Optional[int] = Field(None, ge=1, description="In-process restarts before handing over to the launcher.")
     max_rank_faults: Optional[int] = Field(None, ge=1, description="Faults one rank may have before it is excluded.")
-    min_world_size: int = Field(1, ge=1, description="Fewest ranks that may continue.")
+    min_world_size: Optional[int] = Field(
+        None, ge=1, description="Fewest ranks an in-process restart may continue with; empty: every rank (a lost "
+        "rank falls through to the launcher). A smaller value is announced and recorded as an event.",
+    )
     health_check: bool = Field(True, description="Run NVRx's CUDA health check between iterations (skipped without CUDA).")
 
     @model_validator(mode="after")

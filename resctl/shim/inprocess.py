@@ -37,14 +37,33 @@ import datetime
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
 
-
-if TYPE_CHECKING:
-    from resctl.profile.schema import InProcess
-    from resctl.shim.runtime import Shim, Target
+from resctl.patching import Patches
+from resctl.profile.schema import Profile
+from resctl.shim.fresh import FreshState
+from resctl.shim.target import Target, run_target
+from resctl.telemetry.events import EventLog
 
 log = logging.getLogger("resctl.shim")
+
+
+class RestartHost(Protocol):
+    """What the wrapper needs of the worker's shim (`resctl.shim.runtime.Shim` provides it)."""
+
+    profile: Profile
+    run_dir: Optional[Path]
+    cycle: int
+    step: int
+    world_size: int
+    events: EventLog
+    patches: Patches
+
+    def set_progress(self, ping: Optional[Callable[[], None]]) -> None: ...
+
+    def settle_checkpoint(self) -> None: ...
 
 PORT_KEY = "resctl/wrapper_store_port/{cycle}"
 
@@ -158,7 +177,7 @@ def gloo_abort(sockets: GlooSockets) -> Any:
     return AbortGloo()
 
 
-def build_wrapper(shim: "Shim", port: int, sockets: GlooSockets | None = None) -> Any:
+def build_wrapper(shim: RestartHost, port: int, sockets: GlooSockets | None = None) -> Any:
     """An `inprocess.Wrapper` configured from the profile's `[inprocess]` section."""
     from nvidia_resiliency_ext import inprocess
 
@@ -183,7 +202,7 @@ def build_wrapper(shim: "Shim", port: int, sockets: GlooSockets | None = None) -
             "host_name": os.environ["MASTER_ADDR"], "port": port, "timeout": _seconds(cfg.barrier_timeout),
         },
         initialize=inprocess.initialize.RetryController(
-            max_iterations=cfg.max_iterations, min_world_size=cfg.min_world_size,
+            max_iterations=cfg.max_iterations, min_world_size=min_world_size(shim),
         ),
         health_check=health,
         monitor_thread_interval=_seconds(cfg.monitor_interval),
@@ -206,7 +225,24 @@ def build_wrapper(shim: "Shim", port: int, sockets: GlooSockets | None = None) -
     )
 
 
-def run_wrapped(shim: "Shim", target: "Target") -> None:
+def min_world_size(shim: RestartHost) -> int:
+    """Every rank unless the profile opts into a smaller world (`inprocess.min_world_size`)."""
+    wanted = shim.profile.inprocess.min_world_size
+    return shim.world_size if wanted is None else min(wanted, shim.world_size)
+
+
+def announce_world(shim: RestartHost) -> None:
+    """Say when a smaller world may continue (opt-in), once, on rank 0."""
+    smallest = min_world_size(shim)
+    if smallest < shim.world_size:
+        shim.events.emit("inprocess_world", min_world_size=smallest, world_size=shim.world_size)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"resctl: in-process restart may continue with as few as {smallest} of {shim.world_size} ranks "
+                  "(inprocess.min_world_size); a rank lost to a SIGKILL is then not replaced until the launcher "
+                  "restarts the group", file=sys.stderr, flush=True)
+
+
+def run_wrapped(shim: RestartHost, target: Target) -> None:
     """Run `target` under the wrapper until it completes on every rank (or the wrapper gives up,
     which raises and so hands over to the launcher's in-job restart)."""
     import torch.distributed as dist
@@ -216,10 +252,12 @@ def run_wrapped(shim: "Shim", target: "Target") -> None:
     rank = int(os.environ["RANK"])
     app = app_store()
     sockets = GlooSockets()
+    announce_world(shim)
     wrapper = build_wrapper(shim, wrapper_store_port(app, rank, shim.cycle), sockets)
+    fresh = FreshState.capture()
+    patches = Patches("inprocess")
     patched_init = sockets.track(dist.init_process_group)
-    original_new_group = dist.new_group
-    dist.new_group = sockets.track(original_new_group)
+    patches.set(dist, "new_group", sockets.track(dist.new_group))
     current: dict[str, Any] = {"iteration": 0}
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
@@ -232,18 +270,19 @@ def run_wrapped(shim: "Shim", target: "Target") -> None:
             kwargs["world_size"] = int(os.environ["WORLD_SIZE"])
         return patched_init(*args, **kwargs)
 
-    init_process_group.__wrapped__ = patched_init  # type: ignore[attr-defined]
-    dist.init_process_group = init_process_group
+    patches.set(dist, "init_process_group", init_process_group)
 
     def iteration(call_wrapper: Any = None) -> None:
         current["iteration"] = call_wrapper.iteration
         shim.events.iteration = call_wrapper.iteration
         shim.set_progress(call_wrapper.ping)
         if call_wrapper.iteration > 0:
-            shim.events.emit("restart", layer="inprocess", step=shim.step)
+            world = int(os.environ.get("WORLD_SIZE", shim.world_size))
+            shim.events.emit("restart", layer="inprocess", step=shim.step, world_size=world)
             shim.settle_checkpoint()
+            fresh.restore()
         try:
-            shim.run_target(target)
+            run_target(target)
         except SystemExit as exit_:
             if exit_.code not in (None, 0):
                 raise
@@ -263,5 +302,4 @@ def run_wrapped(shim: "Shim", target: "Target") -> None:
     try:
         wrapper(iteration)()
     finally:
-        dist.init_process_group = patched_init.__wrapped__
-        dist.new_group = original_new_group
+        patches.undo()

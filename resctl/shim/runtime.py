@@ -20,38 +20,23 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import signal
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from resctl.patching import Patches
 from resctl.profile.schema import Profile
 from resctl.shim.faults import FaultPlan, InjectedFault
+from resctl.shim.signals import SigtermWatcher
+from resctl.shim.target import Target, parse_argv, run_target
 from resctl.telemetry.events import EventLog, host
 
 EXIT_SIGTERM = 143
 PING_EVERY = 0.1  # seconds between progress pings to the in-process wrapper (rate limit)
-
-
-@dataclass
-class Target:
-    name: str
-    args: list[str]
-    module: bool
-
-
-def parse_argv(argv: list[str]) -> Target:
-    module = False
-    if argv and argv[0] == "--resctl-module":
-        module, argv = True, argv[1:]
-    if not argv:
-        raise SystemExit("usage: python -m resctl.shim [--resctl-module] SCRIPT [ARGS...]")
-    return Target(argv[0], argv[1:], module)
 
 
 def load_plan(env: dict[str, str] | os._Environ[str]) -> tuple[Profile, Optional[Path]]:
@@ -138,6 +123,8 @@ class Shim:
         #: The in-process wrapper's progress ping for the running iteration (None without one).
         self.progress: Optional[Callable[[], None]] = None
         self._last_ping = 0.0
+        #: Every change the shim makes to torch, NVRx and the standard library; `undo()` reverts them.
+        self.patches = Patches("shim")
 
     # -- hooks -------------------------------------------------------------------------------
     def on_optimizer_step(self, *_: Any) -> None:
@@ -219,7 +206,14 @@ class Shim:
         self._last_step_t = time.monotonic()  # the first step's duration excludes start-up and load
         self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6))
 
-    def on_sigterm(self, signum: int, _frame: Any) -> None:
+    def on_restart_stop(self) -> None:
+        """The launcher is stopping this worker to restart the group: a peer failed, so no
+        collective will complete and no final checkpoint can be made. Leave now."""
+        self.events.emit("end", status="restart-stop", step=self.step)
+        os._exit(EXIT_SIGTERM)
+
+    def on_sigterm(self) -> None:
+        """A stop of the job (preemption, pod deletion, scancel): final checkpoint, then exit 143."""
         self.sigterm_at = time.monotonic()
         self.events.emit("fault", cause="sigterm", injected=False, step=self.step, error="SIGTERM received")
         ckpt = self.checkpointer
@@ -256,10 +250,12 @@ class Shim:
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
+        """Hook into torch, NVRx and the process; every change is in `self.patches` (undoable).
+        Main thread only (signal handling)."""
         import torch.distributed as dist
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        register_optimizer_step_post_hook(self.on_optimizer_step)
+        self.patches.on_undo(register_optimizer_step_post_hook(self.on_optimizer_step).remove)
         original_init = dist.init_process_group
         shim = self
 
@@ -268,12 +264,14 @@ class Shim:
             shim.heartbeats.connect()
             return result
 
-        init_process_group.__wrapped__ = original_init  # type: ignore[attr-defined]
-        dist.init_process_group = init_process_group
+        self.patches.set(dist, "init_process_group", init_process_group)
         self._patch_user_rank_monitor()
         self._configure_checkpoint()
-        signal.signal(signal.SIGTERM, self.on_sigterm)
-        _keep_spawn_children_off_main()
+        SigtermWatcher(self.on_restart_stop, self.on_sigterm).install(self.patches)
+        _keep_spawn_children_off_main(self.patches)
+
+    def uninstall(self) -> None:
+        self.patches.undo()
 
     def _patch_user_rank_monitor(self) -> None:
         if not self.heartbeats.available:
@@ -288,7 +286,7 @@ class Shim:
                 heartbeats.yield_to_user()
             original(client)
 
-        RankMonitorClient.init_workload_monitoring = init_workload_monitoring  # type: ignore[method-assign]
+        self.patches.set(RankMonitorClient, "init_workload_monitoring", init_workload_monitoring)
 
     def _configure_checkpoint(self) -> None:
         from resctl import checkpoint
@@ -313,17 +311,10 @@ class Shim:
 
     # -- running ---------------------------------------------------------------------------
     def run_target(self, target: Target) -> None:
-        if target.module:
-            sys.argv = [target.name, *target.args]
-            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-        else:
-            script = os.path.abspath(target.name)
-            sys.argv = [target.name, *target.args]
-            sys.path[0] = os.path.dirname(script)  # as `python script.py` would
-            runpy.run_path(script, run_name="__main__")
+        run_target(target)
 
 
-def _keep_spawn_children_off_main() -> None:
+def _keep_spawn_children_off_main(patches: Patches) -> None:
     """Spawned children must not re-import the user's script as __mp_main__ (it would train twice)."""
     import multiprocessing.spawn as mp_spawn
 
@@ -335,13 +326,16 @@ def _keep_spawn_children_off_main() -> None:
         data.pop("init_main_from_name", None)
         return data
 
-    mp_spawn.get_preparation_data = get_preparation_data  # type: ignore[assignment]
+    patches.set(mp_spawn, "get_preparation_data", get_preparation_data)
 
 
 def main(argv: list[str]) -> int:
     target = parse_argv(argv)
     profile, run_dir = load_plan(os.environ)
     shim = Shim(profile, run_dir)
+    from resctl.launch.titles import set_title, worker_title
+
+    set_title(worker_title(shim.rank, int(os.environ.get("LOCAL_RANK", "0")), os.path.basename(target.name)))
     shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name)
     if shim.cycle > 0:  # ft_launcher restarted the worker group (in-job restart)
         shim.events.emit("restart", layer="launcher")

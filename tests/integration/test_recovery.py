@@ -48,8 +48,9 @@ def job(tmp: Path, name: str, nproc: int, *, inprocess: bool = False, sets: tupl
                  f"heartbeat.timeout={'12s' if inprocess else '4s'}", "heartbeat.check_interval=1s",
                  "launch.max_restarts=6", *sets]
     if inprocess:
-        # A shrunken world would change the arithmetic: below full size, hand over to the launcher.
-        overrides += [*IN_PROCESS, f"inprocess.min_world_size={nproc}"]
+        # The default min_world_size (every rank) hands a lost rank over to the launcher: a shrunken
+        # world would change the arithmetic.
+        overrides += IN_PROCESS
     args = ["-p", str(LOCAL_PROFILE), "--nproc-per-node", str(nproc), "--run-dir", str(tmp / name)]
     for item in overrides:
         args += ["--set", item]

@@ -8,6 +8,7 @@ from resctl.launch import ft_entry
 
 
 def test_adapters_bridge_the_installed_versions() -> None:
+    ft_entry.undo_adapters()
     ft_entry.apply_adapters()
     spawn = importlib.import_module("torch.multiprocessing.spawn")
     err = spawn.ProcessExitedException("killed", error_index=1, error_pid=4242, exit_code=-9, signal_name="SIGKILL")
@@ -21,3 +22,5 @@ def test_adapters_bridge_the_installed_versions() -> None:
     assert not api.RunResult(state=api.WorkerState.UNHEALTHY).is_failed()
     assert not api.RunResult(state=api.WorkerState.SUCCEEDED).is_failed()
     assert ft_entry.apply_adapters() == [], "adapters apply once"
+    ft_entry.undo_adapters()
+    assert "pid" not in spawn.ProcessException.__dict__, "undo removes the alias"

@@ -1,0 +1,57 @@
+"""Why a worker got SIGTERM: the launcher stopping it for a restart, or a stop of the whole job.
+
+Both arrive as SIGTERM, and they want opposite things. A restart stop must be quick: a dead peer
+means no collective will ever complete, so a final checkpoint cannot be made and every second spent
+is a second of the restart. A stop of the job (a pod deleted, a Slurm preemption; `resctl run` or
+the launcher receives it first) wants the final checkpoint at the next step boundary.
+
+The launcher (resctl's adapters in `ft_entry`) writes the PIDs it is about to stop for a restart
+into a small per-launcher file *before* it sends the signal; the shim reads it when SIGTERM arrives.
+A worker that finds its PID there leaves at once; any other SIGTERM is a stop of the job. A missing
+or unreadable file therefore errs on the side of saving, and the launcher's short stop timeout
+(`launch.workers_stop_timeout`) bounds a restart either way.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Mapping
+
+ENV = "RESCTL_STOP_FILE"
+
+
+def file_for(launcher_pid: int) -> Path:
+    """The marker of one launcher: node-local (shared memory when there is some)."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return Path(base) / f"resctl-stop-{launcher_pid}"
+
+
+def mark_restart(path: Path, pids: Iterable[int]) -> None:
+    """Record the PIDs about to be stopped for a restart (atomically: a reader sees all or none)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(" ".join(str(p) for p in sorted(set(pids))), encoding="ascii")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # best effort: without it a worker treats the SIGTERM as a job stop; the stop timeout still bounds it
+
+
+def clear(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def is_restart_stop(env: Mapping[str, str], pid: int) -> bool:
+    """True when the launcher named this process in its restart-stop marker."""
+    path = env.get(ENV)
+    if not path:
+        return False
+    try:
+        text = Path(path).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return str(pid) in text.split()

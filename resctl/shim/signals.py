@@ -1,0 +1,70 @@
+"""SIGTERM in a worker, handled even while the main thread is blocked in native code.
+
+Python runs a signal handler only in the main thread, between bytecodes. A rank whose peer died sits
+in an NCCL kernel wait, a CUDA synchronize or a gloo recv that never returns, so a handler there
+never runs and the launcher had to wait out its stop timeout. Here the C-level handler Python
+installs for a Python-handled signal writes the signal number to a wakeup pipe (from whichever
+thread the kernel picked, without the GIL), and a small thread blocked on that pipe acts at once.
+The Python-level handler does the same when the main thread gets to it first; whichever comes
+first acts, once.
+
+What it does (docs/recovery.md, "Signals"):
+- SIGTERM naming this worker in the launcher's restart-stop marker (`resctl.launch.stop`): leave now;
+- any other SIGTERM (a stop of the job: preemption, pod deletion, `scancel`): `on_job_stop`, which
+  saves at the next step boundary within `checkpoint.sigterm_grace` and exits 143.
+A script that installs its own SIGTERM handler owns SIGTERM from then on, as under torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any, Callable
+
+from resctl.launch import stop
+from resctl.patching import Patches
+
+
+class SigtermWatcher:
+    def __init__(self, on_restart_stop: Callable[[], None], on_job_stop: Callable[[], None]) -> None:
+        self.on_restart_stop = on_restart_stop
+        self.on_job_stop = on_job_stop
+        self._once = threading.Lock()
+        self._fired = False
+
+    def install(self, patches: Patches) -> None:
+        """Main thread only (signal handlers and the wakeup fd can only be set there)."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        previous_handler = signal.signal(signal.SIGTERM, self._python_handler)
+        previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+        def undo() -> None:
+            signal.set_wakeup_fd(previous_fd)
+            signal.signal(signal.SIGTERM, previous_handler)
+            os.close(write_fd)  # ends the watcher thread's read
+
+        patches.on_undo(undo)
+        threading.Thread(target=self._watch, args=(read_fd,), name="resctl-sigterm", daemon=True).start()
+
+    def _python_handler(self, _signum: int, _frame: Any) -> None:
+        self.handle()
+
+    def _watch(self, read_fd: int) -> None:
+        try:
+            while data := os.read(read_fd, 64):
+                if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) == self._python_handler:
+                    self.handle()
+        finally:
+            os.close(read_fd)
+
+    def handle(self) -> None:
+        with self._once:
+            if self._fired:
+                return
+            self._fired = True
+        if stop.is_restart_stop(os.environ, os.getpid()):
+            self.on_restart_stop()
+        else:
+            self.on_job_stop()
