@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import math
 import os
 import re
 import socket
@@ -124,54 +123,43 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     ), "resctl.shim.runtime"),
 )}
 
-_CHECK: dict[str, tuple[tuple[str, str, bool], ...]] = {
-    name: tuple((f.name, f.type, f.optional) for f in (*COMMON[:1], *COMMON[2:], *kind.fields))
+_PY = {"int": int, "float": float, "str": str, "bool": bool}
+_CHECK: dict[str, tuple[tuple[str, type, bool], ...]] = {
+    name: tuple((f.name, _PY[f.type], f.optional) for f in (*COMMON[:1], *COMMON[2:], *kind.fields))
     for name, kind in KINDS.items()
 }
-
-
 _ZERO_WHEN_ABSENT = ("cycle", "iteration")
-
-
-def _typed(value: Any, type_: str) -> Any:
-    """`value` as `type_`, or raise ValueError (bool is not an int, numbers must be finite)."""
-    if type_ == "int":
-        if type(value) is int:
-            return value
-        if type(value) is float and value.is_integer():
-            return int(value)
-    elif type_ == "float":
-        if type(value) in (float, int) and math.isfinite(value):
-            return float(value)
-    elif type_ == "str":
-        if type(value) is str:
-            return value
-    elif type(value) is bool:
-        return value
-    raise ValueError(type_)
 
 
 def validate(obj: Any) -> Event | None:
     """The record with every field of its kind present and typed, or None when it is not one
-    (not an object, unknown kind, a required field missing or of the wrong type)."""
+    (not an object, unknown kind, a required field missing or of the wrong type). Fields in place:
+    an absent optional one becomes None, an int where a float belongs a float, an integral float
+    where an int belongs an int; bool is not a number and numbers must be finite."""
     if type(obj) is not dict:
         return None
     spec = _CHECK.get(obj.get("kind"))  # type: ignore[arg-type]
     if spec is None:
         return None
-    try:
-        for name, type_, optional in spec:
-            value = obj.get(name)
-            if value is None and name in _ZERO_WHEN_ABSENT:
+    for name, want, optional in spec:
+        value = obj.get(name)
+        got = type(value)
+        if got is want:
+            if got is float and value - value != 0.0:  # inf or nan
+                return None
+        elif value is None:
+            if name in _ZERO_WHEN_ABSENT:
                 obj[name] = 0
-            elif value is None:
-                if not optional:
-                    return None
+            elif optional:
                 obj[name] = None
             else:
-                obj[name] = _typed(value, type_)
-    except ValueError:
-        return None
+                return None
+        elif want is float and got is int:
+            obj[name] = float(value)
+        elif want is int and got is float and value - value == 0.0 and value.is_integer():
+            obj[name] = int(value)
+        else:
+            return None
     return obj
 
 
@@ -258,10 +246,17 @@ class ReadStats:
             self.examples.append(f"{path.name}:{lineno}: {why}")
 
 
+_DECODE = json.JSONDecoder().raw_decode
+_SPACE = re.compile(r"\s*")
+
+
 def parse_line(line: bytes) -> tuple[Event | None, str]:
     """(record, "") or (None, why it is not one)."""
     try:
-        obj = json.loads(line)
+        text = line.decode("utf-8")
+        obj, end = _DECODE(text, _SPACE.match(text).end())  # type: ignore[union-attr]
+        if end != len(text) and not text[end:].isspace():
+            return None, "not JSON (text after the record)"
     except RecursionError:
         return None, "nested too deep"
     except UnicodeDecodeError:

@@ -319,27 +319,34 @@ class Analyzer:
     def feed(self, e: Event) -> None:
         t, kind, rank = e["t"], e["kind"], e["rank"]
         self.events += 1
-        if self.ref is None or rank < self.ref:
-            self.ref = rank  # streaming without a rank list: the lowest seen so far
-        self.ranks.add(rank)
+        if rank not in self.ranks:
+            self.ranks.add(rank)
+            if self.ref is None or rank < self.ref:
+                self.ref = rank  # streaming without a rank list: the lowest seen so far
         if self.t_first is None:
             self.t_first = t
-        if kind == "start" and (self.t0 is None or t < self.t0):
-            self.t0 = t
-        self.t_end = t if self.t_end is None else max(self.t_end, t)
+        if self.t_end is None or t > self.t_end:
+            self.t_end = t
         key = (e["cycle"], e["iteration"])
         ep = self.epochs.get(key)
         if ep is None:
             ep = self.epochs[key] = _Epoch(key, t, TRACK_CAP if self.calibrate else METRICS_TRACK_CAP)
-        ep.last_t = max(ep.last_t, t)
-        ep.first_t = min(ep.first_t, t)
+        if t > ep.last_t:
+            ep.last_t = t
+        elif t < ep.first_t:
+            ep.first_t = t
         ep.last_by_rank[rank] = t
         if kind == "step":
-            self._step(ep, e, rank == self.ref)
-            return
+            self._step(ep, e, t, rank)
+        else:
+            self._other(ep, e, t, kind, rank)
+
+    def _other(self, ep: _Epoch, e: Event, t: float, kind: str, rank: int) -> None:
         if kind == "ckpt_stall":
             self._stall(ep, e, rank == self.ref)
         elif kind == "start":
+            if self.t0 is None or t < self.t0:
+                self.t0 = t
             ep.start_max = t if ep.start_max is None else max(ep.start_max, t)
         elif kind == "restart":
             ep.restart_min = t if ep.restart_min is None else min(ep.restart_min, t)
@@ -366,26 +373,38 @@ class Analyzer:
         if self.keep_timeline and kind in TIMELINE_KINDS:
             self.timeline.append(e)
 
-    def _step(self, ep: _Epoch, e: Event, is_ref: bool) -> None:
-        t, step = e["t"], e["step"]
-        ep.max_step = step if ep.max_step is None else max(ep.max_step, step)
-        ep.min_step = step if ep.min_step is None else min(ep.min_step, step)
+    def _step(self, ep: _Epoch, e: Event, t: float, rank: int) -> None:
+        step = e["step"]
+        if ep.max_step is None or step > ep.max_step:
+            ep.max_step = step
+        if ep.min_step is None or step < ep.min_step:
+            ep.min_step = step
         ep.last_step_t = t
-        ep.first_step_t.setdefault(e["rank"], t)
-        if not is_ref:
+        if rank not in ep.first_step_t:
+            ep.first_step_t[rank] = t
+        if rank != self.ref:
             return
         compute = None
         if not ep.first:
-            stalled = sum(b - a for a, b in ep.stalls)
-            compute = max(0.0, e["duration"] - stalled)
+            stalls = ep.stalls
+            compute = e["duration"] - sum(b - a for a, b in stalls) if stalls else e["duration"]
+            if compute < 0.0:
+                compute = 0.0
             self.samples_n += 1
             self.samples_sum += compute
             if self.calibrate:
                 self.samples.append(compute)
-                if ep.prev_t is not None and t > ep.prev_t:
-                    self._pieces(ep.prev_t, t, ep.stalls)
+                prev = ep.prev_t
+                if prev is not None and t > prev:
+                    if stalls:
+                        self._pieces(prev, t, stalls)
+                    else:
+                        self.pieces.extend((prev, t, float(len(self.piece_compute))))
+                        self.piece_compute.append(t - prev)
         ep.track.add(step, compute)
-        ep.first, ep.prev_t, ep.stalls = False, t, []
+        ep.first, ep.prev_t = False, t
+        if ep.stalls:
+            ep.stalls = []
         self._freshness(ep, t, step)
 
     def _pieces(self, a: float, t: float, stalls: list[tuple[float, float]]) -> None:

@@ -36,7 +36,7 @@ from resctl.telemetry.events import Event, ReadStats, parse_line, rank_files
 from resctl.telemetry.goodput import Analyzer
 
 UPDATE_EVERY = 1.0
-MAX_BATCH_BYTES = 16 << 20  # read at most this much of one file per update (a backlog takes a few)
+BATCH_BYTES = 1 << 20  # read this much of each file at a time (a backlog is read in several batches)
 
 
 class EventTail:
@@ -48,23 +48,30 @@ class EventTail:
         self._offsets: dict[Path, int] = {}
         self._lines: dict[Path, int] = {}
 
-    def new_events(self) -> list[Event]:
-        """The valid records appended since the last call, merged by time."""
+    def batches(self) -> Iterator[list[Event]]:
+        """The valid records appended since the last call, in batches of at most `BATCH_BYTES` of each
+        file, each merged by time (memory stays bounded however long the backlog)."""
         if not self.run_dir.is_dir():
-            return []
-        batches = [self._read(path) for path in rank_files(self.run_dir).values()]
-        return list(heapq.merge(*batches, key=lambda e: e["t"]))
+            return
+        paths = list(rank_files(self.run_dir).values())
+        while True:
+            before = sum(self._offsets.get(p, 0) for p in paths)
+            batch = list(heapq.merge(*(self._read(path) for path in paths), key=lambda e: e["t"]))
+            if batch:
+                yield batch
+            if sum(self._offsets.get(p, 0) for p in paths) == before:
+                return
 
     def _read(self, path: Path) -> list[Event]:
         offset = self._offsets.get(path, 0)
         try:
             with open(path, "rb") as fh:
                 fh.seek(offset)
-                data = fh.read(MAX_BATCH_BYTES)
+                data = fh.read(BATCH_BYTES)
         except OSError:
             return []
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next update
-        if end == 0 and len(data) == MAX_BATCH_BYTES:
+        if end == 0 and len(data) == BATCH_BYTES:
             end = len(data)  # one line longer than a batch: damaged, skip it
         self._offsets[path] = offset + end
         out = []
@@ -108,11 +115,13 @@ class RunCollector:
     def update(self) -> None:
         """Read new lines, feed them to the analysis, publish the values a scrape renders."""
         with self._update_lock:
-            events = self.tail.new_events()
-            for e in events:
-                self._note(e)
-                self.analyzer.feed(e)
-            if not events and self._values:
+            fed = 0
+            for batch in self.tail.batches():
+                for e in batch:
+                    self._note(e)
+                    self.analyzer.feed(e)
+                fed += len(batch)
+            if not fed and self._values:
                 return
             values = self._compute()
         with self._lock:
