@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from resctl.profile.schema import Profile
+from resctl.shim import snapshots
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.telemetry.events import EventLog, host
 
@@ -214,10 +215,10 @@ class Shim:
         while True:
             time.sleep(0.05)
 
-    def on_resume(self, step: int, load_seconds: float = 0.0) -> None:
+    def on_resume(self, step: int, load_seconds: float = 0.0, **detail: Any) -> None:
         self.step = step
         self._last_step_t = time.monotonic()  # the first step's duration excludes start-up and load
-        self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6))
+        self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6), **detail)
 
     def on_sigterm(self, signum: int, _frame: Any) -> None:
         self.sigterm_at = time.monotonic()
@@ -272,6 +273,7 @@ class Shim:
         dist.init_process_group = init_process_group
         self._patch_user_rank_monitor()
         self._configure_checkpoint()
+        snapshots.install(self)  # after the torch.save interceptor: sees intercepted saves too
         signal.signal(signal.SIGTERM, self.on_sigterm)
         _keep_spawn_children_off_main()
 

@@ -577,6 +577,8 @@ class Analyzer:
         steady = self.stall_steady if self.stall_steady[1] else self.stall_all
         writes = [v for v in self.writes.values() if v[2]] if self.any_recycled else list(self.writes.values())
         interval, async_ = _plan_checkpoint(self.plan)
+        if self.snapshot_steps and not self.engine_saves:
+            interval = None  # the script saves when it wants: checkpoint.interval_steps does not apply
         if interval is None:
             saved = sorted(self.saved_steps)
             gaps = Counter(b - a for a, b in zip(saved, saved[1:]) if b > a)
