@@ -271,17 +271,18 @@ class _Epoch:
 class Analyzer:
     """Streaming analysis: `feed` every event in time order, then `result()` (any number of times).
 
-    `calibrate=False` (the metrics) keeps no per-step data at all: memory is bounded by the number
-    of epochs, ranks and checkpoint paths in flight; `calibrate=True` also keeps one float per
-    reference step for the step-time median and the write-interference sweep.
+    `calibrate=False, history=False` (the metrics) keeps no per-step data: memory is bounded by the
+    number of epochs, ranks, checkpoint steps and paths in flight. `calibrate=True` also keeps one
+    float per reference step for the step-time median and the write-interference sweep; `history`
+    the timeline (no steps) and a series of at most `SERIES_CAP` points.
     """
 
     def __init__(self, ref: int | None = None, plan: Mapping[str, Any] | None = None, calibrate: bool = True,
-                 timeline: bool = True) -> None:
+                 history: bool = True) -> None:
         self.ref = ref
         self.plan = plan
         self.calibrate = calibrate
-        self.keep_timeline = timeline
+        self.history = history  # keep the timeline and the series (the report; not the metrics)
         self.epochs: dict[EpochKey, _Epoch] = {}
         self.t0: float | None = None
         self.t_first: float | None = None
@@ -370,7 +371,7 @@ class Analyzer:
         durable = self.ledger.feed(e)
         if durable is not None:
             self._durable_snapshot(ep, durable, e)
-        if self.keep_timeline and kind in TIMELINE_KINDS:
+        if self.history and kind in TIMELINE_KINDS:
             self.timeline.append(e)
 
     def _step(self, ep: _Epoch, e: Event, t: float, rank: int) -> None:
@@ -431,7 +432,7 @@ class Analyzer:
         self.age_s_sum += age_s
         self.age_steps_max = age_steps if self.age_steps_max is None else max(self.age_steps_max, age_steps)
         self.age_s_max = age_s if self.age_s_max is None else max(self.age_s_max, age_s)
-        if self.ref_steps % self.series_stride == 0:
+        if self.history and self.ref_steps % self.series_stride == 0:
             self.series.append((t, step, ep.key, age_steps, age_s))
             if len(self.series) > SERIES_CAP:
                 del self.series[1::2]

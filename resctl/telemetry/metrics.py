@@ -95,7 +95,7 @@ class RunCollector:
         self.tail = EventTail(run_dir)
         self.plan = plan
         self.clock = clock
-        self.analyzer = Analyzer(plan=plan, calibrate=False, timeline=False)
+        self.analyzer = Analyzer(plan=plan, calibrate=False, history=False)
         self._lock = threading.Lock()
         self._update_lock = threading.Lock()
         self.last: dict[str, float] = {}

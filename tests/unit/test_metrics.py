@@ -90,3 +90,35 @@ def test_only_new_lines_are_read_and_torn_lines_wait(tmp_path: Path) -> None:
     families = {f.name: f for f in collector.collect()}
     assert collector.checkpoints == 1
     assert families["resctl_last_checkpoint_age_seconds"].samples[0].value == 97.0
+
+
+def retained_bytes(steps: int) -> int:
+    """Memory the metrics' analysis holds after `steps` steps of 2 ranks with a checkpoint every 100."""
+    import gc
+    import tracemalloc
+
+    from resctl.telemetry.goodput import Analyzer
+
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    a = Analyzer(calibrate=False, history=False)
+    for rank in (0, 1):
+        a.feed({"t": 0.0 + rank, "kind": "start", "rank": rank, "cycle": 0, "iteration": 0})
+    for step in range(1, steps + 1):
+        for rank in (0, 1):
+            a.feed({"t": float(step), "kind": "step", "rank": rank, "cycle": 0, "iteration": 0, "step": step,
+                    "duration": 1.0})
+        if step % 100 == 0:
+            a.feed({"t": step + 0.5, "kind": "ckpt_persist", "rank": 0, "cycle": 0, "iteration": 0, "step": None,
+                    "seconds": 0.5, "bytes": 1, "recycled": None, "path": None})
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    assert a.result(series=False).kept_steps == steps
+    return held
+
+
+def test_the_metrics_analysis_does_not_grow_with_the_steps() -> None:
+    small, large = retained_bytes(5_000), retained_bytes(50_000)
+    assert large - small < 64 * 1024, (small, large)
