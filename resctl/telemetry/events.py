@@ -142,7 +142,7 @@ def validate(obj: Any) -> Event | None:
     if spec is None:
         return None
     for name, want, optional in spec:
-        value = obj.get(name)
+        value: Any = obj.get(name)
         got = type(value)
         if got is want:
             if got is float and value - value != 0.0:  # inf or nan

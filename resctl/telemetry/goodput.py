@@ -225,7 +225,7 @@ class StepTrack:
             return 0, 0.0
         count, compute = float(self.counts[i]), self.computes[i]
         nxt = (self.steps[i + 1], self.counts[i + 1], self.computes[i + 1]) if i + 1 < len(self.steps) else \
-            (self.last_step, self.n, self.compute)
+            (self.last_step or 0, self.n, self.compute)
         gap = nxt[0] - self.steps[i]
         if gap > 0 and cutoff > self.steps[i]:
             frac = (cutoff - self.steps[i]) / gap

@@ -219,5 +219,5 @@ def serve(run_dir: Path, port: int, addr: str = "0.0.0.0", plan: dict[str, Any] 
     registry.register(collector)
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     threading.Thread(target=collector.run, args=(every,), name="resctl-metrics", daemon=True).start()
-    server.resctl_collector = collector
+    server.resctl_collector = collector  # type: ignore[attr-defined]
     return server
