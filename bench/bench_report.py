@@ -76,14 +76,17 @@ def write_run(run: Path, steps: int, every: int, step_s: float = 0.094) -> int:
     return sum(p.stat().st_size for p in run.glob("events-rank*.jsonl"))
 
 
-def report_once(run: Path) -> tuple[float, float, dict[str, object]]:
-    """(wall s, peak RSS MB of the child, the JSON) of one `resctl report --json`."""
+def report_once(run: Path, source: Path = REPO, timeout: float | None = None) -> tuple[float, float, dict[str, object]]:
+    """(wall s, peak RSS MB of the child, the JSON) of one `resctl report --json` of the resctl in
+    `source` (this checkout, or an older revision extracted by `--baseline`)."""
     code = ("import resource, subprocess, sys, time, json; t = time.perf_counter(); "
             "p = subprocess.run([sys.executable, '-m', 'resctl', 'report', sys.argv[1], '--json'], capture_output=True); "
             "w = time.perf_counter() - t; r = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
             "sys.stderr.write(p.stderr.decode()); sys.stdout.write(json.dumps([w, r / 1024, p.returncode]) + '\\n'); "
             "sys.stdout.write(p.stdout.decode())")
-    proc = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, cwd=REPO)
+    env = {**os.environ, "PYTHONPATH": str(source), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, cwd=source,
+                          env=env, timeout=timeout)
     head, _, body = proc.stdout.partition("\n")
     wall, rss, rc = json.loads(head)
     if rc != 0:
@@ -98,10 +101,12 @@ def free_port() -> int:
 
 
 def ingest_rss(run: Path) -> tuple[float, float]:
-    """(seconds, peak RSS MB) of a fresh process that reads the whole run into a RunCollector."""
+    """(seconds, peak RSS MB) of a fresh process that reads the whole run into a RunCollector (VmHWM:
+    ru_maxrss would include this big process's RSS from before the exec)."""
     code = ("import resource, sys, time; from pathlib import Path; from resctl.telemetry.metrics import RunCollector; "
             "t = time.perf_counter(); c = RunCollector(Path(sys.argv[1])); c.update(); "
-            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, c.steps)")
+            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]; "
+            "print(time.perf_counter() - t, int(hwm) / 1024, c.steps)")
     out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, cwd=REPO, check=True)
     seconds, rss, _ = out.stdout.split()
     return float(seconds), float(rss)
@@ -136,6 +141,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to write the run (default: a temp dir, removed)")
+    ap.add_argument("--baseline", default=None, metavar="REV",
+                    help="also time `report --json` of this git revision (once, side by side), e.g. 15ad491")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         run = Path(tmp) / "run"
@@ -149,11 +156,24 @@ def main() -> None:
             walls.append(wall)
             rsss.append(rss)
             print(f"report --json: {wall:.2f} s, peak RSS {rss:.0f} MB", flush=True)
+        baseline = None
+        if args.baseline:
+            base = Path(tmp) / "baseline"
+            base.mkdir()
+            archive = subprocess.run(["git", "archive", args.baseline, "resctl"], cwd=REPO, capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+            try:
+                b_wall, b_rss, _ = report_once(run, base, timeout=600)
+                baseline = {"rev": args.baseline, "report_wall_s": round(b_wall, 3), "peak_rss_mb": round(b_rss, 1)}
+            except subprocess.TimeoutExpired:
+                baseline = {"rev": args.baseline, "report_wall_s": "> 600"}
+            print(f"baseline {baseline}", flush=True)
         scrape = scrape_bench(run)
         result = {"steps": args.steps, "every": args.every, "events_mb": round(size / 2**20, 1),
                   "report_wall_s_median": round(statistics.median(walls), 3), "report_wall_s": [round(w, 3) for w in walls],
                   "report_peak_rss_mb_max": round(max(rsss), 1),
                   "report": {k: doc[k] for k in ("final_step", "kept_steps", "steps_run", "checkpoints")},
+                  "baseline": baseline,
                   "metrics": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in scrape.items()},
                   "cpus": os.cpu_count(), "python": sys.version.split()[0]}
         print(json.dumps(result, indent=1))

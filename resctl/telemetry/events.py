@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 EVENTS_GLOB = "events-rank*.jsonl"
 _RANK_FILE = re.compile(r"^events-rank(\d+)\.jsonl$")
@@ -138,9 +138,11 @@ def validate(obj: Any) -> Event | None:
     where an int belongs an int; bool is not a number and numbers must be finite."""
     if type(obj) is not dict:
         return None
-    spec = _CHECK.get(obj.get("kind"))  # type: ignore[arg-type]
-    if spec is None:
-        return None
+    check = _VALIDATORS.get(obj.get("kind"))  # type: ignore[arg-type]
+    return None if check is None else check(obj)
+
+
+def _validate_slowly(obj: dict[str, Any], spec: tuple[tuple[str, type, bool], ...]) -> Event | None:
     for name, want, optional in spec:
         value: Any = obj.get(name)
         got = type(value)
@@ -161,6 +163,27 @@ def validate(obj: Any) -> Event | None:
         else:
             return None
     return obj
+
+
+def _validator(spec: tuple[tuple[str, type, bool], ...]) -> Callable[[dict[str, Any]], Event | None]:
+    """`_validate_slowly` for one kind as straight-line code (the reader runs it on every line):
+    a record already in canonical form passes without a loop; anything else takes the slow path."""
+    body = ["def check(obj):", "    get = obj.get"]
+    for name, want, optional in spec:
+        body.append(f"    v = get({name!r})")
+        test = f"type(v) is not {want.__name__}" + (" or v - v != 0.0" if want is float else "")
+        if optional and name not in _ZERO_WHEN_ABSENT:
+            body += ["    if v is None:", f"        obj[{name!r}] = None", f"    elif {test}:"]
+        else:
+            body.append(f"    if {test}:")
+        body.append("        return slow(obj, spec)")
+    body.append("    return obj")
+    scope: dict[str, Any] = {"slow": _validate_slowly, "spec": spec}
+    exec("\n".join(body), scope)  # noqa: S102 - code generated from KINDS above, no input involved
+    return scope["check"]  # type: ignore[no-any-return]
+
+
+_VALIDATORS = {name: _validator(spec) for name, spec in _CHECK.items()}
 
 
 def events_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -247,14 +270,17 @@ class ReadStats:
 
 
 _DECODE = json.JSONDecoder().raw_decode
-_SPACE = re.compile(r"\s*")
 
 
 def parse_line(line: bytes) -> tuple[Event | None, str]:
     """(record, "") or (None, why it is not one)."""
     try:
         text = line.decode("utf-8")
-        obj, end = _DECODE(text, _SPACE.match(text).end())  # type: ignore[union-attr]
+        try:
+            obj, end = _DECODE(text)
+        except json.JSONDecodeError:
+            text = text.strip()  # leading white space; else it fails again, below
+            obj, end = _DECODE(text)
         if end != len(text) and not text[end:].isspace():
             return None, "not JSON (text after the record)"
     except RecursionError:
