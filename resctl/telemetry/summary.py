@@ -15,14 +15,24 @@ def failure_summary(run_dir: Path, exit_code: int) -> list[str]:
     stats = ReadStats()
     faults: list[dict[str, Any]] = []
     cycles = 0
+    seen: dict[int, set[int]] = collections.defaultdict(set)  # cycle -> ranks with a record
+    said: dict[int, set[int]] = collections.defaultdict(set)  # cycle -> ranks that recorded a fault or an end
     for e in read_run(run_dir, stats) if run_dir.is_dir() else ():
+        seen[e["cycle"]].add(e["rank"])
         if e["kind"] == "fault":
             faults.append(e)
+            said[e["cycle"]].add(e["rank"])
+        elif e["kind"] == "end":
+            said[e["cycle"]].add(e["rank"])
         elif e["kind"] == "start":
             cycles = max(cycles, e["cycle"])
     lines = [f"resctl: the job failed (exit {exit_code}) after {cycles} launcher restart(s); run dir {run_dir}"]
     if stats.damaged:
         lines.append(f"resctl: {stats.damaged} damaged line(s) of the events files skipped, e.g. {stats.examples[0]}")
+    silent = sorted(seen[cycles] - said[cycles])
+    if silent and faults:
+        lines.append(f"resctl: rank {', '.join(map(str, silent))} ended without a record (a signal, the OOM killer or "
+                     "a heartbeat timeout): errors of other ranks in a collective followed from it")
     if not faults:
         lines.append("resctl: no worker recorded a Python error: a worker was killed (signal, OOM) or hung "
                      "past its heartbeat timeout; see the launcher log above and " + str(run_dir / "logs"))

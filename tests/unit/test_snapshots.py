@@ -139,3 +139,18 @@ def test_a_genuine_error_beats_the_rank_it_took_down() -> None:
             ev(9.0, "start", 0, 1), ev(9.0, "start", 1, 1), ev(10.0, "step", 0, 1, step=1, duration=1.0)]
     (r,) = analyze(out).recoveries
     assert (r.cause, r.rank) == ("exception", 0)
+
+
+def test_the_failure_summary_names_the_rank_that_died_without_a_record(tmp_path: Path) -> None:
+    import json
+
+    from resctl.telemetry.summary import failure_summary
+
+    records = {0: [ev(0.0, "start", 0), ev(1.0, "step", 0, step=1, duration=1.0),
+                   ev(2.0, "fault", 0, cause="exception", error="RuntimeError: Connection closed by peer"),
+                   ev(2.1, "end", 0, status="error")],
+               1: [ev(0.0, "start", 1), ev(1.0, "step", 1, step=1, duration=1.0)]}
+    for rank, rows in records.items():
+        (tmp_path / f"events-rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = "\n".join(failure_summary(tmp_path, 1))
+    assert "rank 1 ended without a record" in text and "Connection closed by peer (rank 0)" in text
