@@ -234,6 +234,53 @@ class StepTrack:
         return int(round(count)), compute + firsts * mean_step
 
 
+class _SaveStats:
+    """Stalls and writes of one kind of save, for the calibration."""
+
+    def __init__(self) -> None:
+        self.count = [0.0, 0.0]  # blocked seconds (seconds - waited), saves
+        self.steady = [0.0, 0.0]  # the same without each epoch's first save
+        self.waited = [0.0, 0.0]
+        self.first_seen: set[EpochKey] = set()
+        self.steps: set[int] = set()  # steps saved by the reference rank
+        self.writes: dict[tuple[EpochKey, int | None, int], list[float]] = {}  # -> [seconds, bytes, recycled]
+        self.any_recycled = False
+
+    def stall(self, epoch: EpochKey, blocked: float, waited: float) -> None:
+        self.count[0] += blocked
+        self.count[1] += 1
+        self.waited[0] += waited
+        self.waited[1] += 1
+        if epoch in self.first_seen:
+            self.steady[0] += blocked
+            self.steady[1] += 1
+        self.first_seen.add(epoch)
+
+    def write(self, epoch: EpochKey, step: int | None, seconds: float, size: int, recycled: bool) -> None:
+        # One write per (epoch, step) over all ranks: the slowest rank's time, the sum of the sizes.
+        key = (epoch, step, -1 if step is not None else len(self.writes))
+        slot = self.writes.setdefault(key, [0.0, 0.0, 0.0])
+        slot[0] = max(slot[0], seconds)
+        slot[1] += size
+        slot[2] = max(slot[2], 1.0 if recycled else 0.0)
+        self.any_recycled |= recycled
+
+    def interval(self) -> int | None:
+        """The most common gap between saved steps."""
+        saved = sorted(self.steps)
+        gaps = Counter(b - a for a, b in zip(saved, saved[1:]) if b > a)
+        return gaps.most_common(1)[0][0] if gaps else None
+
+    def means(self) -> tuple[float | None, float | None, float | None, float | None]:
+        """(stall, waited, write, bytes): steady-state stall, write over recycled files when any."""
+        steady = self.steady if self.steady[1] else self.count
+        writes = [v for v in self.writes.values() if v[2]] if self.any_recycled else list(self.writes.values())
+        return (steady[0] / steady[1] if steady[1] else None,
+                self.waited[0] / self.waited[1] if self.waited[1] else None,
+                sum(w[0] for w in writes) / len(writes) if writes else None,
+                sum(w[1] for w in writes) / len(writes) if writes else None)
+
+
 class _Epoch:
     """Aggregates of one (cycle, iteration): all a recovery, kept steps and up time need."""
 
@@ -258,7 +305,6 @@ class _Epoch:
         self.first = True
         self.prev_t: float | None = None
         self.stalls: list[tuple[float, float]] = []
-        self.stalled_once = False
 
     def resume_point(self) -> int | None:
         if self.resume_min_step is not None:
@@ -294,14 +340,9 @@ class Analyzer:
         self.samples_n, self.samples_sum = 0, 0.0
         self.samples = array("d")
         # calibration
-        self.stall_all = [0.0, 0.0]  # sum, count (blocked time: seconds - waited)
-        self.stall_steady = [0.0, 0.0]  # the same without each epoch's first save
-        self.waited = [0.0, 0.0]
-        self.saved_steps: set[int] = set()
-        self.snapshot_saves = 0
-        self.engine_saves = 0
-        self.writes: dict[tuple[EpochKey, int | None, int], list[float]] = {}  # -> [seconds, bytes, recycled]
-        self.any_recycled = False
+        self.ckpt = _SaveStats()  # resctl.checkpoint saves and intercepted torch.save (ckpt_* events)
+        self.plain = _SaveStats()  # the script's own plain torch.save (snapshot events)
+        self.engine_saves = 0  # resctl.checkpoint saves (their interval is checkpoint.interval_steps)
         self.windows: list[tuple[float, float]] = []
         self.pieces = array("d")  # start, end, step index (flat triples)
         self.piece_compute = array("d")
@@ -444,21 +485,11 @@ class Analyzer:
             return
         seconds, waited = e["seconds"], e["waited"] or 0.0
         ep.stalls.append((e["t"] - seconds, e["t"]))
-        self._count_stall(ep, max(0.0, seconds - waited), waited)
+        self.ckpt.stall(ep.key, max(0.0, seconds - waited), waited)
         if e["path"] is None:  # resctl.checkpoint.save; an intercepted torch.save's step is its snapshot's
             self.engine_saves += 1
             if e["step"] is not None:
-                self.saved_steps.add(e["step"])
-
-    def _count_stall(self, ep: _Epoch, blocked: float, waited: float) -> None:
-        self.stall_all[0] += blocked
-        self.stall_all[1] += 1
-        self.waited[0] += waited
-        self.waited[1] += 1
-        if ep.stalled_once:
-            self.stall_steady[0] += blocked
-            self.stall_steady[1] += 1
-        ep.stalled_once = True
+                self.ckpt.steps.add(e["step"])
 
     def _persist(self, ep: _Epoch, e: Event) -> None:
         t, seconds = e["t"], e["seconds"]
@@ -468,35 +499,25 @@ class Analyzer:
             return
         if seconds > 0:
             self.windows.append((t - seconds, t))
-        recycled = bool(e["recycled"])
-        self.any_recycled |= recycled
-        self._write(ep, e["step"] if e["path"] is None else None, seconds, e["bytes"] or 0, recycled,
-                    e["path"] is not None)
-
-    def _write(self, ep: _Epoch, step: int | None, seconds: float, size: int, recycled: bool, unique: bool) -> None:
-        # One write per (epoch, step) over all ranks: the slowest rank's time, the sum of the sizes.
-        key = (ep.key, step, len(self.writes) if unique or step is None else -1)
-        slot = self.writes.setdefault(key, [0.0, 0.0, 0.0])
-        slot[0] = max(slot[0], seconds)
-        slot[1] += size
-        slot[2] = max(slot[2], 1.0 if recycled else 0.0)
+        self.ckpt.write(ep.key, e["step"] if e["path"] is None else None, seconds, e["bytes"] or 0,
+                        bool(e["recycled"]))
 
     def _durable_snapshot(self, ep: _Epoch, d: Durable, e: Event) -> None:
         self._mark_durable(d.t, d.step)
         self.snapshot_steps.add(d.step)
+        stats = self.ckpt if d.intercepted else self.plain
         if d.rank == self.ref:
-            self.saved_steps.add(d.step)
+            stats.steps.add(d.step)
         if d.intercepted:
             return  # its ckpt_stall and ckpt_persist were counted as they came
-        self.snapshot_saves += 1
         if d.seconds > 0 and self.calibrate:
             self.windows.append((d.t - d.seconds, d.t))
         if d.rank == self.ref:
             # A plain torch.save blocks the script for the whole write.
             ep.stalls.append((d.t - d.seconds, d.t))
-            self._count_stall(ep, d.seconds, 0.0)
+            self.plain.stall(ep.key, d.seconds, 0.0)
         if self.calibrate:
-            self._write(ep, None, d.seconds, d.bytes or 0, False, True)
+            self.plain.write(ep.key, None, d.seconds, d.bytes or 0, False)
 
     def _mark_durable(self, t: float, step: int) -> None:
         self.durable_steps.add(step)
@@ -575,30 +596,25 @@ class Analyzer:
         )
 
     def _calibration(self, recoveries: list[Recovery], wall: float, mean_step: float) -> Calibration:
-        steady = self.stall_steady if self.stall_steady[1] else self.stall_all
-        writes = [v for v in self.writes.values() if v[2]] if self.any_recycled else list(self.writes.values())
+        # The job's checkpoints: resctl.checkpoint's or the intercepted torch.save's when there are
+        # any (a plain torch.save of the final weights is not one of them), else the script's own.
+        saves = self.ckpt if self.ckpt.count[1] else self.plain
         interval, async_ = _plan_checkpoint(self.plan)
         if self.snapshot_steps and not self.engine_saves:
             interval = None  # the script saves when it wants: checkpoint.interval_steps does not apply
         if interval is None:
-            saved = sorted(self.saved_steps)
-            gaps = Counter(b - a for a, b in zip(saved, saved[1:]) if b > a)
-            if gaps:
-                interval = gaps.most_common(1)[0][0]
-        if self.snapshot_saves and not self.engine_saves:
+            interval = saves.interval()
+        if saves is self.plain and saves.count[1]:
             async_ = False  # the script's own torch.save: every save blocks for its write
         totals = [r.total for r in recoveries if r.total is not None]
         c0, cw, n_idle, n_busy = self._interference() if self.calibrate else (None, None, 0, 0)
-        saves = int(self.stall_all[1])
+        stall, waited, write, size = saves.means()
         return Calibration(
             step_time=mean_step,
             step_time_p50=(percentile(self.samples, 50) or 0.0) if self.calibrate else mean_step,
             step_samples=self.samples_n,
-            stall=steady[0] / steady[1] if steady[1] else None,
-            waited=self.waited[0] / self.waited[1] if self.waited[1] else None,
-            write=sum(w[0] for w in writes) / len(writes) if writes else None,
-            write_bytes=sum(w[1] for w in writes) / len(writes) if writes else None,
-            saves=saves, interval_steps=interval, async_=async_,
+            stall=stall, waited=waited, write=write, write_bytes=size,
+            saves=int(saves.count[1]), interval_steps=interval, async_=async_,
             restart=sum(totals) / len(totals) if totals else None,
             unplanned_faults=sum(1 for r in recoveries if not r.injected),
             wall_s=wall, step_time_idle=c0, step_time_writing=cw,

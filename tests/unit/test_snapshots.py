@@ -154,3 +154,15 @@ def test_the_failure_summary_names_the_rank_that_died_without_a_record(tmp_path:
         (tmp_path / f"events-rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = "\n".join(failure_summary(tmp_path, 1))
     assert "rank 1 ended without a record" in text and "Connection closed by peer (rank 0)" in text
+
+
+def test_a_final_torch_save_does_not_calibrate_a_resctl_checkpoint_job() -> None:
+    out = [ev(0.0, "start", 0)]
+    for step in range(1, 31):
+        out.append(ev(float(step), "step", 0, step=step, duration=1.0))
+        if step % 5 == 0:
+            out += [ev(step + 0.1, "ckpt_stall", 0, step=step, seconds=0.1, waited=0.0),
+                    ev(step + 0.6, "ckpt_persist", 0, step=step, seconds=0.5, bytes=10)]
+    out.append(ev(31.0, "snapshot", 0, step=30, path="/out/final.pt", seconds=9.0, bytes=999, file_id="1:2:3:4"))
+    c = analyze(out, {"profile": {"checkpoint": {"interval_steps": 5, "async": True}}}).calibration
+    assert (c.saves, c.write, c.stall, c.interval_steps, c.async_) == (6, 0.5, pytest.approx(0.1), 5, True)
