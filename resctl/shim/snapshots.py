@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from resctl.shim.runtime import Shim
 
 _MARKS = (b'"snapshot"', b'"path"')  # only these lines can matter to the ledger
+CHUNK = 8 << 20
 
 
 class SnapshotTracker:
@@ -87,20 +88,30 @@ class SnapshotTracker:
         if run_dir is None:
             return
         for path in rank_files(run_dir).values():
-            offset = self._offsets.get(path, 0)
             try:
                 with open(path, "rb") as fh:
-                    fh.seek(offset)
-                    data = fh.read()
+                    while self._feed_chunk(path, fh):
+                        pass
             except OSError:
                 continue
-            end = data.rfind(b"\n") + 1
-            self._offsets[path] = offset + end
-            for line in data[:end].split(b"\n"):
-                if _MARKS[0] in line or _MARKS[1] in line:
-                    event, _ = parse_line(line)
-                    if event is not None:
-                        self.ledger.feed(event)
+
+    def _feed_chunk(self, path: Path, fh: Any) -> bool:
+        """Feed the next whole lines of at most `CHUNK` bytes; False at the end of the file."""
+        offset = self._offsets.get(path, 0)
+        fh.seek(offset)
+        data = fh.read(CHUNK)
+        end = data.rfind(b"\n") + 1
+        if end == 0:
+            if len(data) < CHUNK:
+                return False
+            end = len(data)  # a line longer than a chunk is not a record: skip it
+        self._offsets[path] = offset + end
+        for line in data[:end].split(b"\n"):
+            if _MARKS[0] in line or _MARKS[1] in line:
+                event, _ = parse_line(line)
+                if event is not None:
+                    self.ledger.feed(event)
+        return True
 
 
 def _path(f: Any) -> str | None:

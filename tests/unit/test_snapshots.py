@@ -29,7 +29,10 @@ def installed() -> Any:
         tracker_mod.uninstall(t)
 
 
-def test_a_renamed_snapshot_is_recognised_after_a_restart(tmp_path: Path, installed: list[Any]) -> None:
+@pytest.mark.parametrize("chunk", [tracker_mod.CHUNK, 400], ids=["default", "small-chunks"])
+def test_a_renamed_snapshot_is_recognised_after_a_restart(tmp_path: Path, installed: list[Any], chunk: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracker_mod, "CHUNK", chunk)  # the events are read in pieces of this size
     run, snap = tmp_path / "run", tmp_path / "snapshot.pt"
     first = shim(run)
     installed.append(tracker_mod.install(first))
