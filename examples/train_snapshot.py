@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--step-time", type=float, default=0.05, help="seconds of pretend compute per step")
     ap.add_argument("--out", default="", help="write the final model state here (rank 0)")
     ap.add_argument("--fail-always", action="store_true", help="raise on every attempt (a broken job)")
+    ap.add_argument("--direct", action="store_true",
+                    help="save straight to --snapshot with the torchrun tutorial's keys (no temp file, no 'step' key)")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -42,6 +44,8 @@ def main() -> None:
     start = 0
     if os.path.exists(args.snapshot):
         snap = torch.load(args.snapshot, weights_only=True)
+        if args.direct:
+            snap = {"model": snap["MODEL_STATE"], "optim": snap["OPTIMIZER_STATE"], "step": snap["STEPS_RUN"]}
         model.module.load_state_dict(snap["model"])
         opt.load_state_dict(snap["optim"])
         start = snap["step"]
@@ -56,7 +60,10 @@ def main() -> None:
         loss.backward()
         opt.step()
         time.sleep(args.step_time)
-        if rank == 0 and step % args.save_every == 0:
+        if rank == 0 and step % args.save_every == 0 and args.direct:
+            torch.save({"MODEL_STATE": model.module.state_dict(), "OPTIMIZER_STATE": opt.state_dict(),
+                        "STEPS_RUN": step}, args.snapshot)
+        elif rank == 0 and step % args.save_every == 0:
             tmp = args.snapshot + ".tmp"
             torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step}, tmp)
             os.replace(tmp, args.snapshot)

@@ -18,15 +18,17 @@ EPILOG = "Examples: resctl report resctl-runs/abc  |  resctl report resctl-runs/
 
 
 def load_analysis(run_dir: Path) -> Any:
-    """`RunAnalysis` of a run directory; `UsageError` (exit 2) when it is not one."""
+    """`RunAnalysis` of a run directory; `UsageError` (exit 2) when it is not one. Damaged lines
+    of the events files are skipped and counted (`damaged_lines`)."""
     from resctl.errors import UsageError
-    from resctl.telemetry.events import EVENTS_GLOB, read_events
-    from resctl.telemetry.goodput import analyze
+    from resctl.telemetry.events import ReadStats, rank_files, read_run, reference_rank
+    from resctl.telemetry.goodput import analyze_stream
 
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: no such run directory; give the run_dir `resctl run` printed "
                          "(default resctl-runs/<run id>)")
-    if not any(run_dir.glob(EVENTS_GLOB)):
+    ranks = rank_files(run_dir)
+    if not ranks:
         raise UsageError(f"{run_dir}: no events-rank*.jsonl files: not a resctl run directory, or the workers "
                          "never started (check the launcher log)")
     plan = None
@@ -34,17 +36,19 @@ def load_analysis(run_dir: Path) -> Any:
     if plan_file.is_file():
         try:
             plan = json.loads(plan_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             plan = None  # the events alone are enough; the interval is then inferred from them
+    stats = ReadStats()
     try:
-        events = list(read_events(run_dir))
-    except (OSError, UnicodeDecodeError) as err:
+        analysis = analyze_stream(read_run(run_dir, stats), plan if isinstance(plan, dict) else None,
+                                  ref=reference_rank(ranks))
+        analysis.damaged_lines = stats.damaged
+        return analysis
+    except OSError as err:
         raise UsageError(f"{run_dir}: cannot read the events: {err}") from None
-    try:
-        return analyze(events, plan if isinstance(plan, dict) else None)
-    except (ValueError, KeyError, TypeError) as err:
-        raise UsageError(f"{run_dir}: the events cannot be analysed ({type(err).__name__}: {err}); "
-                         "they must follow resctl.telemetry.events") from None
+    except ValueError as err:
+        detail = f"; {stats.damaged} damaged line(s) skipped, e.g. {stats.examples[0]}" if stats.damaged else ""
+        raise UsageError(f"{run_dir}: {err}{detail}; the events must follow docs/events.md") from None
 
 
 def report(
@@ -89,12 +93,15 @@ def _render(a: Any) -> None:
     head.add_row("steps", f"{a.kept_steps} kept of {a.steps_run} run; final step {a.final_step}")
     head.add_row("ranks", f"{len(a.ranks)}")
     head.add_row("step compute", f"{cal.step_time:.4g} s mean, {cal.step_time_p50:.4g} s p50 ({cal.step_samples} steps)")
-    head.add_row("checkpoints", f"{a.checkpoints} durable; stall {_num(cal.stall, '.4g')} s, wait "
+    snaps = f" ({a.snapshots} of them the script's torch.save snapshots)" if a.snapshots else ""
+    head.add_row("checkpoints", f"{a.checkpoints} durable{snaps}; stall {_num(cal.stall, '.4g')} s, wait "
                                 f"{_num(cal.waited, '.4g')} s, write {_num(cal.write, '.4g')} s mean; "
                                 f"interval {cal.interval_steps or '-'} steps")
     f = a.freshness
     head.add_row("checkpoint freshness", f"mean {_num(f['mean_age_steps'], '.1f')} steps / {_num(f['mean_age_s'], '.1f')} s, "
                                          f"max {_num(f['max_age_steps'], '.0f')} steps / {_num(f['max_age_s'], '.1f')} s")
+    if a.damaged_lines:
+        head.add_row("events", f"{a.damaged_lines} damaged line(s) skipped (not valid records, see docs/events.md)")
     out_console.print(head)
 
     if a.recoveries:
@@ -125,7 +132,7 @@ def _render(a: Any) -> None:
     timeline = Table("t (s)", "rank", "cycle.iter", "event", "detail", title="timeline (steps and stalls omitted)")
     shown = [e for e in a.timeline if e["kind"] != "ckpt_persist"]
     for e in shown[:60]:
-        detail = " ".join(f"{k}={e[k]}" for k in ("step", "cause", "layer", "status", "reason") if k in e)
+        detail = " ".join(f"{k}={e[k]}" for k in ("step", "cause", "layer", "status", "reason", "source") if k in e)
         timeline.add_row(f"{e['t']:.2f}", str(e["rank"]), f"{e['cycle']}.{e['iteration']}", e["kind"], detail)
     if len(shown) > 60:
         timeline.add_row("...", "", "", f"{len(shown) - 60} more (see --json)", "")

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
+from resctl.shim import snapshots
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
 from resctl.shim.target import Target, parse_argv, run_target
@@ -201,10 +202,10 @@ class Shim:
         while True:
             time.sleep(0.05)
 
-    def on_resume(self, step: int, load_seconds: float = 0.0) -> None:
+    def on_resume(self, step: int, load_seconds: float = 0.0, **detail: Any) -> None:
         self.step = step
         self._last_step_t = time.monotonic()  # the first step's duration excludes start-up and load
-        self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6))
+        self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6), **detail)
 
     def on_restart_stop(self) -> None:
         """The launcher is stopping this worker to restart the group: a peer failed, so no
@@ -267,6 +268,7 @@ class Shim:
         self.patches.set(dist, "init_process_group", init_process_group)
         self._patch_user_rank_monitor()
         self._configure_checkpoint()
+        snapshots.install(self)  # after the torch.save interceptor: sees intercepted saves too
         SigtermWatcher(self.on_restart_stop, self.on_sigterm).install(self.patches)
         _keep_spawn_children_off_main(self.patches)
 
@@ -308,6 +310,7 @@ class Shim:
             from resctl.checkpoint import intercept
 
             intercept.install(self.profile.checkpoint.intercept_torch_save, self.checkpointer)
+            self.patches.on_undo(intercept.uninstall)
 
     # -- running ---------------------------------------------------------------------------
     def run_target(self, target: Target) -> None:

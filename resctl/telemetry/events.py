@@ -1,37 +1,209 @@
-"""One JSON object per line, per rank: `<run_dir>/events-rank<R>.jsonl`.
+"""Events: one JSON object per line, per rank, in `<run_dir>/events-rank<R>.jsonl`.
 
-Every record has `t` (unix seconds), `kind`, `rank`, `cycle` (launcher restart count) and
-`iteration` (in-process restart count). Kinds and their extra fields:
-
-- `start`      pid, host, world_size, script
-- `step`       step, duration (seconds since the previous step event)
-- `ckpt_stall` step, seconds (time the training loop was blocked by a save), waited (for the previous save)
-- `ckpt_persist` step, seconds (stage-to-durable), bytes
-- `fault`      cause ("exception", "sigkill", "hang", "checkpoint_exception", "sigterm"), error, injected
-- `restart`    layer: "inprocess" (a new wrapper iteration) or "launcher" (the first record of a
-               worker started in a new ft_launcher cycle, right after its `start`)
-- `resume`     step (the checkpoint step restored; 0 = from scratch)
-- `end`        status ("ok", "error")
+`KINDS` below is the one definition of every event kind: its fields, their types and units, which
+are optional. `EventLog.emit` refuses a kind or a missing field it does not define, `read_run`
+validates every line against it, and docs/events.md is rendered from it (`render_markdown`).
+`report`, `tune-interval` and the Prometheus metrics read nothing else.
 
 Appends are one `write()` of a whole line on an O_APPEND descriptor, so a line is never torn
-by a concurrent writer, and a crash loses at most the line being written.
+by a concurrent writer, and a crash loses at most the line being written. A reader skips (and
+counts) any line it cannot use: a torn last line, bytes that are not UTF-8, a `null` or a
+nesting too deep to parse, a record of the wrong shape.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
+import re
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 EVENTS_GLOB = "events-rank*.jsonl"
+_RANK_FILE = re.compile(r"^events-rank(\d+)\.jsonl$")
+
+Event = dict[str, Any]  # a record that passed `validate`: every field of its kind present, typed
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: str  # "int", "float", "str", "bool"
+    unit: str
+    doc: str
+    optional: bool = False  # may be absent or null; readers see None then
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    doc: str
+    fields: tuple[Field, ...]
+    writer: str  # the module that emits it
+
+
+COMMON = (
+    Field("t", "float", "s", "unix time of the record"),
+    Field("kind", "str", "", "one of the kinds below"),
+    Field("rank", "int", "", "global rank of the worker"),
+    Field("cycle", "int", "", "ft_launcher restart count (TORCHELASTIC_RESTART_COUNT); 0 when absent"),
+    Field("iteration", "int", "", "in-process restart count within the cycle; 0 when absent"),
+)
+
+_STEP_OPT = Field("step", "int", "step", "training step the checkpoint holds; null when unknown", optional=True)
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("start", "a worker process began (before the script runs)", (
+        Field("pid", "int", "", "process id", optional=True),
+        Field("host", "str", "", "host name", optional=True),
+        Field("world_size", "int", "", "WORLD_SIZE", optional=True),
+        Field("script", "str", "", "the script or module run", optional=True),
+    ), "resctl.shim.runtime"),
+    Kind("step", "an optimizer step finished", (
+        Field("step", "int", "step", "the step's number (continues from the resumed step)"),
+        Field("duration", "float", "s", "time since the previous step event (or the start / resume)"),
+    ), "resctl.shim.runtime"),
+    Kind("ckpt_stall", "a save returned to the training loop", (
+        _STEP_OPT,
+        Field("seconds", "float", "s", "time the training loop was blocked by the save"),
+        Field("waited", "float", "s", "part of `seconds` spent waiting for the previous save", optional=True),
+        Field("path", "str", "", "file of an intercepted torch.save", optional=True),
+    ), "resctl.checkpoint"),
+    Kind("ckpt_persist", "a checkpoint (or this rank's part of it) became durable", (
+        _STEP_OPT,
+        Field("seconds", "float", "s", "staged to durable"),
+        Field("bytes", "int", "B", "bytes written by this rank", optional=True),
+        Field("recycled", "bool", "", "written over the files of a pruned checkpoint", optional=True),
+        Field("path", "str", "", "file of an intercepted torch.save", optional=True),
+    ), "resctl.checkpoint"),
+    Kind("ckpt_prune", "old checkpoints were removed", (
+        Field("removed", "int", "", "checkpoints removed"),
+        Field("seconds", "float", "s", "time the prune took"),
+    ), "resctl.checkpoint.engine"),
+    Kind("ckpt_skip", "load passed over a checkpoint it could not use", (
+        _STEP_OPT,
+        Field("reason", "str", "", "why it was skipped"),
+    ), "resctl.checkpoint.engine"),
+    Kind("snapshot", "the script's own torch.save to a file returned (zero-edit snapshot)", (
+        Field("step", "int", "step", "optimizer steps made when torch.save was called", optional=True),
+        Field("path", "str", "", "absolute path torch.save was given"),
+        Field("seconds", "float", "s", "time torch.save blocked the script"),
+        Field("bytes", "int", "B", "file size (null while an intercepted write is in flight)", optional=True),
+        Field("file_id", "str", "", "device:inode:size:mtime_ns of the written file (survives a rename)",
+              optional=True),
+        Field("pending", "bool", "", "true: intercepted, durable at the ckpt_persist with the same path",
+              optional=True),
+    ), "resctl.telemetry.snapshots"),
+    Kind("fault", "the worker saw a fault (recorded before it acts on it)", (
+        Field("cause", "str", "", "exception, exit, sigkill, hang, checkpoint_exception, sigterm"),
+        Field("error", "str", "", "the error message", optional=True),
+        Field("injected", "bool", "", "fired by a fault drill", optional=True),
+        Field("step", "int", "step", "step the worker had reached", optional=True),
+        Field("traceback", "str", "", "Python traceback", optional=True),
+    ), "resctl.shim"),
+    Kind("restart", "a restart began on this worker", (
+        Field("layer", "str", "", "inprocess (a new wrapper iteration) or launcher (a new ft_launcher cycle)"),
+        Field("step", "int", "step", "step the worker had reached", optional=True),
+        Field("world_size", "int", "", "ranks in the restarted in-process iteration", optional=True),
+    ), "resctl.shim"),
+    Kind("inprocess_world", "in-process restart may continue with fewer ranks (opt-in, inprocess.min_world_size)", (
+        Field("min_world_size", "int", "", "fewest ranks an iteration may run with"),
+        Field("world_size", "int", "", "ranks at the start"),
+    ), "resctl.shim.inprocess"),
+    Kind("resume", "state was restored", (
+        Field("step", "int", "step", "the restored checkpoint's step; 0 = from scratch"),
+        Field("load_seconds", "float", "s", "time the load took", optional=True),
+        Field("path", "str", "", "the snapshot file torch.load read (zero-edit)", optional=True),
+        Field("source", "str", "", "checkpoint (resctl.checkpoint.load) or torch.load (a snapshot)",
+              optional=True),
+    ), "resctl.shim"),
+    Kind("end", "the worker finished its script", (
+        Field("status", "str", "", "ok, error, sigterm (a stop of the job), restart-stop (stopped by the launcher "
+              "to restart the group)"),
+        Field("step", "int", "step", "step the worker had reached", optional=True),
+    ), "resctl.shim.runtime"),
+)}
+
+_PY = {"int": int, "float": float, "str": str, "bool": bool}
+_CHECK: dict[str, tuple[tuple[str, type, bool], ...]] = {
+    name: tuple((f.name, _PY[f.type], f.optional) for f in (*COMMON[:1], *COMMON[2:], *kind.fields))
+    for name, kind in KINDS.items()
+}
+_ZERO_WHEN_ABSENT = ("cycle", "iteration")
+
+
+def validate(obj: Any) -> Event | None:
+    """The record with every field of its kind present and typed, or None when it is not one
+    (not an object, unknown kind, a required field missing or of the wrong type). Fields in place:
+    an absent optional one becomes None, an int where a float belongs a float, an integral float
+    where an int belongs an int; bool is not a number and numbers must be finite."""
+    if type(obj) is not dict:
+        return None
+    check = _VALIDATORS.get(obj.get("kind"))  # type: ignore[arg-type]
+    return None if check is None else check(obj)
+
+
+def _validate_slowly(obj: dict[str, Any], spec: tuple[tuple[str, type, bool], ...]) -> Event | None:
+    for name, want, optional in spec:
+        value: Any = obj.get(name)
+        got = type(value)
+        if got is want:
+            if got is float and value - value != 0.0:  # inf or nan
+                return None
+        elif value is None:
+            if name in _ZERO_WHEN_ABSENT:
+                obj[name] = 0
+            elif optional:
+                obj[name] = None
+            else:
+                return None
+        elif want is float and got is int:
+            obj[name] = float(value)
+        elif want is int and got is float and value - value == 0.0 and value.is_integer():
+            obj[name] = int(value)
+        else:
+            return None
+    return obj
+
+
+def _validator(spec: tuple[tuple[str, type, bool], ...]) -> Callable[[dict[str, Any]], Event | None]:
+    """`_validate_slowly` for one kind as straight-line code (the reader runs it on every line):
+    a record already in canonical form passes without a loop; anything else takes the slow path."""
+    body = ["def check(obj):", "    get = obj.get"]
+    for name, want, optional in spec:
+        body.append(f"    v = get({name!r})")
+        test = f"type(v) is not {want.__name__}" + (" or v - v != 0.0" if want is float else "")
+        if optional and name not in _ZERO_WHEN_ABSENT:
+            body += ["    if v is None:", f"        obj[{name!r}] = None", f"    elif {test}:"]
+        else:
+            body.append(f"    if {test}:")
+        body.append("        return slow(obj, spec)")
+    body.append("    return obj")
+    scope: dict[str, Any] = {"slow": _validate_slowly, "spec": spec}
+    exec("\n".join(body), scope)  # noqa: S102 - code generated from KINDS above, no input involved
+    return scope["check"]  # type: ignore[no-any-return]
+
+
+_VALIDATORS = {name: _validator(spec) for name, spec in _CHECK.items()}
 
 
 def events_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / f"events-rank{rank}.jsonl"
+
+
+def rank_files(run_dir: str | os.PathLike[str]) -> dict[int, Path]:
+    """rank -> events file of a run directory."""
+    out = {}
+    for path in Path(run_dir).glob(EVENTS_GLOB):
+        match = _RANK_FILE.match(path.name)
+        if match:
+            out[int(match.group(1))] = path
+    return dict(sorted(out.items()))
 
 
 class EventLog:
@@ -53,6 +225,14 @@ class EventLog:
         return self._fd is not None
 
     def emit(self, kind: str, **fields: Any) -> None:
+        """Append one record; a kind or a required field that `KINDS` does not define is a bug
+        in the caller and raises ValueError (tests catch it before a run does)."""
+        spec = KINDS.get(kind)
+        if spec is None:
+            raise ValueError(f"unknown event kind {kind!r}; define it in resctl.telemetry.events.KINDS")
+        missing = [f.name for f in spec.fields if not f.optional and f.name not in fields]
+        if missing:
+            raise ValueError(f"event {kind!r} needs {', '.join(missing)}")
         if self._fd is None:
             return
         record = {"t": time.time(), "kind": kind, "rank": self.rank, "cycle": self.cycle, "iteration": self.iteration}
@@ -80,12 +260,104 @@ def host() -> str:
     return socket.gethostname()
 
 
-def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """All events of a run, rank files in turn; a torn last line (crash mid-write) is skipped."""
-    for path in sorted(Path(run_dir).glob(EVENTS_GLOB)):
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+@dataclass
+class ReadStats:
+    """What a reader could not use, per file: `damaged` lines (not a valid record) and the first few
+    places they were found."""
+
+    lines: int = 0
+    damaged: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def skip(self, path: Path, lineno: int, why: str) -> None:
+        self.damaged += 1
+        if len(self.examples) < 5:
+            self.examples.append(f"{path.name}:{lineno}: {why}")
+
+
+_DECODE = json.JSONDecoder().raw_decode
+
+
+def parse_line(line: bytes) -> tuple[Event | None, str]:
+    """(record, "") or (None, why it is not one)."""
+    try:
+        text = line.decode("utf-8")
+        try:
+            obj, end = _DECODE(text)
+        except json.JSONDecodeError:
+            text = text.strip()  # leading white space; else it fails again, below
+            obj, end = _DECODE(text)
+        if end != len(text) and not text[end:].isspace():
+            return None, "not JSON (text after the record)"
+    except RecursionError:
+        return None, "nested too deep"
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError:
+        return None, "not JSON"
+    event = validate(obj)
+    if event is None:
+        return None, "not an event record (see docs/events.md)"
+    return event, ""
+
+
+def read_file(path: Path, stats: ReadStats) -> Iterator[Event]:
+    """Valid records of one events file, in file order; damaged lines are counted in `stats`."""
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            stats.lines += 1
+            event, why = parse_line(line)
+            if event is None:
+                stats.skip(path, lineno, why if line.endswith(b"\n") else "torn last line")
+                continue
+            yield event
+
+
+def read_run(run_dir: str | os.PathLike[str], stats: ReadStats | None = None) -> Iterator[Event]:
+    """Every valid record of a run, all ranks merged by time (one pass, one line in memory per
+    file: each rank's file is already in time order)."""
+    stats = stats if stats is not None else ReadStats()
+    streams = [read_file(p, stats) for p in rank_files(run_dir).values()]
+    return heapq.merge(*streams, key=_time)
+
+
+def _time(e: Event) -> float:
+    return e["t"]  # type: ignore[no-any-return]
+
+
+def reference_rank(files: Mapping[int, Path]) -> int | None:
+    """The lowest rank whose file holds a valid record (the analysis's reference rank)."""
+    for rank, path in sorted(files.items()):
+        if next(read_file(path, ReadStats()), None) is not None:
+            return rank
+    return None
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> Iterator[Event]:
+    """All valid events of a run, merged by time; damaged lines are skipped."""
+    return read_run(run_dir)
+
+
+def render_markdown() -> str:
+    """docs/events.md, from `KINDS` (a test keeps the file equal to this)."""
+    out = ["# Events", "", "<!-- generated by resctl.telemetry.events.render_markdown(); do not edit -->", "",
+           __doc__.strip().split("\n\n", 1)[1].replace("`KINDS` below", "The table below"), "",
+           "Every record has:", "", "| field | type | unit | meaning |", "|---|---|---|---|"]
+    out += [f"| `{f.name}` | {f.type} | {f.unit} | {f.doc} |" for f in COMMON]
+    for kind in KINDS.values():
+        out += ["", f"## `{kind.name}`", "", f"{kind.doc[0].upper()}{kind.doc[1:]}. Written by `{kind.writer}`.", "",
+                "| field | type | unit | optional | meaning |", "|---|---|---|---|---|"]
+        out += [f"| `{f.name}` | {f.type} | {f.unit} | {'yes' if f.optional else ''} | {f.doc} |" for f in kind.fields]
+    return "\n".join(out) + "\n"
+
+
+def as_events(records: Iterable[Mapping[str, Any]]) -> list[Event]:
+    """Validated copies of in-memory records (tests and tools build runs this way); invalid ones dropped."""
+    out = []
+    for r in records:
+        e = validate(dict(r))
+        if e is not None:
+            out.append(e)
+    return out

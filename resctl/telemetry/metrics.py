@@ -1,10 +1,11 @@
 """Prometheus metrics of a running job, served by the `resctl run` process (launcher side).
 
 `resctl run --metrics-port 9400` (or `launch.metrics_port`) starts an HTTP endpoint before the
-launcher. Every scrape reads only what the ranks appended to `events-rank*.jsonl` since the last
-scrape; the goodput numbers come from the same analysis as `resctl report` (recomputed at most
-every `ANALYZE_EVERY` seconds). Step events of ranks other than the lowest are dropped after
-counting: data-parallel ranks make the same steps, and keeping one rank's history bounds memory.
+launcher. A background thread reads what the ranks appended to `events-rank*.jsonl` every
+`UPDATE_EVERY` seconds and feeds it to the same streaming `Analyzer` as `resctl report`, without
+calibration: its memory is bounded by the number of epochs and ranks, not by the steps. A scrape
+only renders the values of the last update, so it costs the same at step 10 and at step 10
+million. A damaged line is skipped and counted; the rest of its batch is read.
 
 | metric | type | meaning |
 |---|---|---|
@@ -13,26 +14,29 @@ counting: data-parallel ranks make the same steps, and keeping one rank's histor
 | `resctl_checkpoint_stall_seconds` | gauge | time the last save blocked the training loop |
 | `resctl_checkpoint_persist_seconds` | gauge | stage-to-durable time of the last checkpoint |
 | `resctl_checkpoint_bytes` | gauge | size of the last checkpoint written by a rank |
-| `resctl_last_checkpoint_age_seconds` | gauge | seconds since the newest durable checkpoint |
-| `resctl_checkpoints_total` | counter | durable checkpoints (reference rank) |
+| `resctl_last_checkpoint_age_seconds` | gauge | seconds since the newest durable checkpoint or snapshot |
+| `resctl_checkpoints_total` | counter | durable checkpoints and torch.save snapshots (distinct steps) |
 | `resctl_restarts_total{layer,cause}` | counter | recoveries by layer (launcher / inprocess) and cause |
 | `resctl_recovery_seconds` | gauge | fault to first step of the last recovery |
 | `resctl_launcher_cycle` | gauge | ft_launcher's restart count of the newest worker |
 | `resctl_training_goodput_ratio` | gauge | time producing kept steps / wall time |
 | `resctl_infrastructure_goodput_ratio` | gauge | time the workers were up / wall time |
+| `resctl_event_lines_damaged_total` | counter | lines of the events files skipped as damaged |
 """
 
 from __future__ import annotations
 
-import json
+import heapq
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from resctl.telemetry.events import EVENTS_GLOB
+from resctl.telemetry.events import Event, ReadStats, parse_line, rank_files
+from resctl.telemetry.goodput import Analyzer
 
-ANALYZE_EVERY = 10.0
+UPDATE_EVERY = 1.0
+BATCH_BYTES = 1 << 20  # read this much of each file at a time (a backlog is read in several batches)
 
 
 class EventTail:
@@ -40,86 +44,143 @@ class EventTail:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
+        self.stats = ReadStats()
         self._offsets: dict[Path, int] = {}
+        self._lines: dict[Path, int] = {}
 
-    def new_events(self) -> Iterator[dict[str, Any]]:
+    def batches(self) -> Iterator[list[Event]]:
+        """The valid records appended since the last call, in batches of at most `BATCH_BYTES` of each
+        file, each merged by time (memory stays bounded however long the backlog)."""
         if not self.run_dir.is_dir():
             return
-        for path in sorted(self.run_dir.glob(EVENTS_GLOB)):
-            offset = self._offsets.get(path, 0)
+        paths = list(rank_files(self.run_dir).values())
+        while True:
+            before = sum(self._offsets.get(p, 0) for p in paths)
+            batch = list(heapq.merge(*(self._read(path) for path in paths), key=lambda e: e["t"]))
+            if batch:
+                yield batch
+            if sum(self._offsets.get(p, 0) for p in paths) == before:
+                return
+
+    def _read(self, path: Path) -> list[Event]:
+        offset = self._offsets.get(path, 0)
+        try:
             with open(path, "rb") as fh:
                 fh.seek(offset)
-                data = fh.read()
-            end = data.rfind(b"\n") + 1  # a line still being written waits for the next scrape
-            self._offsets[path] = offset + end
-            for line in data[:end].splitlines():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+                data = fh.read(BATCH_BYTES)
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next update
+        if end == 0 and len(data) == BATCH_BYTES:
+            end = len(data)  # one line longer than a batch: damaged, skip it
+        self._offsets[path] = offset + end
+        out = []
+        for line in data[:end].split(b"\n"):
+            if not line.strip():
+                continue
+            n = self._lines[path] = self._lines.get(path, 0) + 1
+            self.stats.lines += 1
+            event, why = parse_line(line)
+            if event is None:
+                self.stats.skip(path, n, why)
+            else:
+                out.append(event)
+        return out
 
 
 class RunCollector:
-    """A prometheus_client collector over one run directory."""
+    """A prometheus_client collector over one run directory; `update()` ingests, `collect()` renders."""
 
     def __init__(self, run_dir: Path, plan: dict[str, Any] | None = None, clock: Any = time.time) -> None:
         self.tail = EventTail(run_dir)
         self.plan = plan
         self.clock = clock
+        self.analyzer = Analyzer(plan=plan, calibrate=False, history=False)
         self._lock = threading.Lock()
-        self._kept: list[dict[str, Any]] = []
-        self._ref_rank: int | None = None
-        self.steps = 0
+        self._update_lock = threading.Lock()
         self.last: dict[str, float] = {}
-        self.checkpoints = 0
         self.cycle = 0
-        self._analysis: Any = None
-        self._analyzed_at = float("-inf")
-        self._dirty = False
+        self._values: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self.error: Exception | None = None  # the last update's failure (the next one retries)
 
-    def _ingest(self) -> None:
-        for e in self.tail.new_events():
-            kind, rank = e.get("kind"), int(e.get("rank", 0))
-            if kind == "start":
-                self.cycle = max(self.cycle, int(e.get("cycle", 0)))
-                if self._ref_rank is None or rank < self._ref_rank:
-                    self._ref_rank = rank
-            if kind in ("step", "ckpt_persist") and rank != self._ref_rank:
-                continue
-            if kind == "step":
-                self.steps += 1
-                self.last["step_seconds"] = float(e.get("duration", 0.0))
-            elif kind == "ckpt_stall":
-                self.last["stall"] = float(e.get("seconds", 0.0))
-            elif kind == "ckpt_persist":
-                self.checkpoints += 1
-                self.last["persist"] = float(e.get("seconds", 0.0))
-                self.last["bytes"] = float(e.get("bytes", 0.0))
-                self.last["persisted_at"] = float(e["t"])
-            self._kept.append(e)
-            self._dirty = True
+    @property
+    def steps(self) -> int:
+        return self.analyzer.ref_steps
 
-    def analysis(self) -> Any:
-        from resctl.telemetry.goodput import analyze
+    @property
+    def checkpoints(self) -> int:
+        return len(self.analyzer.durable_steps)
 
-        now = time.monotonic()
-        if self._dirty and now - self._analyzed_at >= ANALYZE_EVERY and self._kept:
+    def update(self) -> None:
+        """Read new lines, feed them to the analysis, publish the values a scrape renders."""
+        with self._update_lock:
+            fed = 0
+            for batch in self.tail.batches():
+                for e in batch:
+                    self._note(e)
+                    self.analyzer.feed(e)
+                fed += len(batch)
+            if not fed and self._values:
+                return
+            values = self._compute()
+        with self._lock:
+            self._values = values
+
+    def _note(self, e: Event) -> None:
+        kind = e["kind"]
+        if kind == "start":
+            self.cycle = max(self.cycle, e["cycle"])
+        ref = self.analyzer.ref
+        if kind == "step" and (ref is None or e["rank"] <= ref):
+            self.last["step_seconds"] = e["duration"]
+        elif kind == "ckpt_stall":
+            self.last["stall"] = e["seconds"]
+        elif kind in ("ckpt_persist", "snapshot") and (ref is None or e["rank"] <= ref):
+            self.last["persist"] = e["seconds"]
+            if e["bytes"] is not None:
+                self.last["bytes"] = float(e["bytes"])
+
+    def _compute(self) -> dict[str, Any]:
+        a = self.analyzer
+        values: dict[str, Any] = {"steps": a.ref_steps, "checkpoints": len(a.durable_steps), "cycle": self.cycle,
+                                  "damaged": self.tail.stats.damaged, "last": dict(self.last),
+                                  "persisted_at": a.latest[0] if a.latest else None}
+        if a.events:
+            r = a.result(series=False)
+            counts: dict[tuple[str, str], int] = {}
+            for rec in r.recoveries:
+                counts[(rec.layer, rec.cause)] = counts.get((rec.layer, rec.cause), 0) + 1
+            totals = [rec.total for rec in r.recoveries if rec.total is not None]
+            values.update(restarts=counts, recovery=totals[-1] if totals else None,
+                          training=r.training_goodput, infrastructure=r.infrastructure_goodput)
+        return values
+
+    def run(self, every: float = UPDATE_EVERY) -> None:
+        """Update every `every` seconds until `stop()` (the serving thread's loop)."""
+        while not self._stop.is_set():
             try:
-                self._analysis = analyze(self._kept, self.plan)
-            except ValueError:
-                self._analysis = None
-            self._analyzed_at, self._dirty = now, False
-        return self._analysis
+                self.update()
+            except Exception as err:  # noqa: BLE001 - metrics must never stop; the next update retries
+                self.error = err
+            self._stop.wait(every)
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         with self._lock:
-            self._ingest()
-            analysis = self.analysis()
-        yield CounterMetricFamily("resctl_steps", "Optimizer steps run by the reference rank.", value=self.steps)
-        yield CounterMetricFamily("resctl_checkpoints", "Durable checkpoints (reference rank).", value=self.checkpoints)
-        yield GaugeMetricFamily("resctl_launcher_cycle", "ft_launcher restart count of the newest worker.", value=self.cycle)
+            v = self._values
+        if not v:
+            return
+        yield CounterMetricFamily("resctl_steps", "Optimizer steps run by the reference rank.", value=v["steps"])
+        yield CounterMetricFamily("resctl_checkpoints", "Durable checkpoints and torch.save snapshots.",
+                                  value=v["checkpoints"])
+        yield GaugeMetricFamily("resctl_launcher_cycle", "ft_launcher restart count of the newest worker.", value=v["cycle"])
+        yield CounterMetricFamily("resctl_event_lines_damaged", "Lines of the events files skipped as damaged.",
+                                  value=v["damaged"])
         gauges = {
             "step_seconds": ("resctl_step_seconds", "Duration of the last optimizer step."),
             "stall": ("resctl_checkpoint_stall_seconds", "Time the last save blocked the training loop."),
@@ -127,34 +188,36 @@ class RunCollector:
             "bytes": ("resctl_checkpoint_bytes", "Size of the last checkpoint."),
         }
         for key, (name, doc) in gauges.items():
-            if key in self.last:
-                yield GaugeMetricFamily(name, doc, value=self.last[key])
-        if "persisted_at" in self.last:
+            if key in v["last"]:
+                yield GaugeMetricFamily(name, doc, value=v["last"][key])
+        if v["persisted_at"] is not None:
             yield GaugeMetricFamily("resctl_last_checkpoint_age_seconds", "Seconds since the newest durable checkpoint.",
-                                    value=max(0.0, self.clock() - self.last["persisted_at"]))
-        if analysis is None:
+                                    value=max(0.0, self.clock() - v["persisted_at"]))
+        if "restarts" not in v:
             return
         restarts = CounterMetricFamily("resctl_restarts", "Recoveries by layer and cause.", labels=["layer", "cause"])
-        counts: dict[tuple[str, str], int] = {}
-        for r in analysis.recoveries:
-            counts[(r.layer, r.cause)] = counts.get((r.layer, r.cause), 0) + 1
-        for (layer, cause), n in sorted(counts.items()):
+        for (layer, cause), n in sorted(v["restarts"].items()):
             restarts.add_metric([layer, cause], n)
         yield restarts
-        totals = [r.total for r in analysis.recoveries if r.total is not None]
-        if totals:
-            yield GaugeMetricFamily("resctl_recovery_seconds", "Fault to first step of the last recovery.", value=totals[-1])
+        if v["recovery"] is not None:
+            yield GaugeMetricFamily("resctl_recovery_seconds", "Fault to first step of the last recovery.", value=v["recovery"])
         yield GaugeMetricFamily("resctl_training_goodput_ratio", "Time producing kept steps over wall time.",
-                                value=analysis.training_goodput)
+                                value=v["training"])
         yield GaugeMetricFamily("resctl_infrastructure_goodput_ratio", "Time the workers were up over wall time.",
-                                value=analysis.infrastructure_goodput)
+                                value=v["infrastructure"])
 
 
-def serve(run_dir: Path, port: int, addr: str = "0.0.0.0", plan: dict[str, Any] | None = None) -> Any:
-    """Start the metrics endpoint in a daemon thread; returns the HTTP server."""
+def serve(run_dir: Path, port: int, addr: str = "0.0.0.0", plan: dict[str, Any] | None = None,
+          every: float = UPDATE_EVERY) -> Any:
+    """Start the metrics endpoint and its update thread (both daemons); returns the HTTP server.
+    The first values are read before it returns."""
     from prometheus_client import CollectorRegistry, start_http_server
 
+    collector = RunCollector(run_dir, plan)
+    collector.update()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(run_dir, plan))
+    registry.register(collector)
     server, _thread = start_http_server(port, addr=addr, registry=registry)
+    threading.Thread(target=collector.run, args=(every,), name="resctl-metrics", daemon=True).start()
+    server.resctl_collector = collector  # type: ignore[attr-defined]
     return server

@@ -34,6 +34,7 @@ def figures(a: RunAnalysis) -> list[Any]:
                                  name="step (rolled back)", marker={"size": 4, "color": "#bbbbbb"}), row=1, col=1)
     marks = {
         "ckpt_persist": ("checkpoint durable", "triangle-up", "#2ca02c"),
+        "snapshot": ("torch.save snapshot", "triangle-up-open", "#2ca02c"),
         "resume": ("resume (checkpoint loaded)", "diamond", "#9467bd"),
         "start": ("worker start", "circle-open", "#7f7f7f"),
         "restart": ("in-process restart", "star", "#ff7f0e"),
@@ -97,9 +98,10 @@ def render_html(a: RunAnalysis, title: str = "resctl report") -> str:
         ("infrastructure goodput", f"{a.infrastructure_goodput:.2%} ({a.up_s:.1f} s with the workers up)"),
         ("steps", f"{a.kept_steps} kept of {a.steps_run} run; final step {a.final_step}"),
         ("step compute", f"{cal.step_time:.4g} s mean ({cal.step_samples} steps)"),
-        ("checkpoints", f"{a.checkpoints} durable; stall {_fmt(cal.stall, '.4g')} s, write {_fmt(cal.write, '.4g')} s"),
+        ("checkpoints", f"{a.checkpoints} durable ({a.snapshots} torch.save snapshots); stall {_fmt(cal.stall, '.4g')} s, write {_fmt(cal.write, '.4g')} s"),
         ("checkpoint freshness", f"mean {_fmt(f['mean_age_steps'], '.1f')} / max {_fmt(f['max_age_steps'], '.0f')} steps"),
         ("faults", ", ".join(f"{k} x{v}" for k, v in a.causes.items()) or "none"),
+        ("damaged event lines skipped", str(a.damaged_lines)),
     ])
     rec_rows = []
     for phase in ("total", "detection", "restart", "load", "first_step"):

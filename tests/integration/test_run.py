@@ -106,9 +106,15 @@ def test_metrics_are_served_while_the_job_runs(tmp_path: Path) -> None:
     run_dir = tmp_path / "metrics"
     try:
         wait_for(lambda: last_step(run_dir, 0) >= 10, 120, "rank 0 to reach step 10", proc)
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        steps = next(float(line.split()[-1]) for line in body.splitlines() if line.startswith("resctl_steps_total"))
-        assert 10 <= steps <= last_step(run_dir, 0)
+
+        def scrape() -> tuple[float, str]:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            return next(float(line.split()[-1]) for line in body.splitlines()
+                        if line.startswith("resctl_steps_total")), body
+
+        # A scrape shows the last update of the metrics thread (every second), not the file of this instant.
+        steps, body = wait_for(lambda: (got := scrape())[0] >= 10 and got, 10, "the metrics to show step 10", proc)
+        assert steps <= last_step(run_dir, 0)
         assert "resctl_launcher_cycle 0.0" in body
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -55,8 +55,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_scraped_values_match_the_events(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(metrics, "ANALYZE_EVERY", 0.0)
+def test_scraped_values_match_the_events(tmp_path: Path) -> None:
     write_run(tmp_path)
     port = free_port()
     server = metrics.serve(tmp_path, port, addr="127.0.0.1")
@@ -79,14 +78,47 @@ def test_only_new_lines_are_read_and_torn_lines_wait(tmp_path: Path) -> None:
     log = tmp_path / "events-rank0.jsonl"
     log.write_text(json.dumps({"t": 1, "kind": "start", "rank": 0, "cycle": 0, "iteration": 0}) + "\n")
     collector = metrics.RunCollector(tmp_path, clock=lambda: 100.0)
-    list(collector.collect())
+    collector.update()
     with open(log, "a") as fh:
         fh.write(json.dumps({"t": 2, "kind": "step", "rank": 0, "cycle": 0, "iteration": 0, "step": 1, "duration": 1}) + "\n")
         fh.write('{"t": 3, "kind": "ckpt_persist", "rank": 0')  # a line still being written
-    list(collector.collect())
+    collector.update()
     assert collector.steps == 1 and collector.checkpoints == 0
     with open(log, "a") as fh:
         fh.write(', "cycle": 0, "iteration": 0, "step": 1, "seconds": 0.2, "bytes": 10}\n')
+    collector.update()
     families = {f.name: f for f in collector.collect()}
     assert collector.checkpoints == 1
     assert families["resctl_last_checkpoint_age_seconds"].samples[0].value == 97.0
+
+
+def retained_bytes(steps: int) -> int:
+    """Memory the metrics' analysis holds after `steps` steps of 2 ranks with a checkpoint every 100."""
+    import gc
+    import tracemalloc
+
+    from resctl.telemetry.goodput import Analyzer
+
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    a = Analyzer(calibrate=False, history=False)
+    for rank in (0, 1):
+        a.feed({"t": 0.0 + rank, "kind": "start", "rank": rank, "cycle": 0, "iteration": 0})
+    for step in range(1, steps + 1):
+        for rank in (0, 1):
+            a.feed({"t": float(step), "kind": "step", "rank": rank, "cycle": 0, "iteration": 0, "step": step,
+                    "duration": 1.0})
+        if step % 100 == 0:
+            a.feed({"t": step + 0.5, "kind": "ckpt_persist", "rank": 0, "cycle": 0, "iteration": 0, "step": None,
+                    "seconds": 0.5, "bytes": 1, "recycled": None, "path": None})
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    assert a.result(series=False).kept_steps == steps
+    return held
+
+
+def test_the_metrics_analysis_does_not_grow_with_the_steps() -> None:
+    small, large = retained_bytes(5_000), retained_bytes(50_000)
+    assert large - small < 64 * 1024, (small, large)

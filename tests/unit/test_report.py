@@ -146,3 +146,67 @@ def test_tune_interval_bad_input(tmp_path: Path, args: list[str], message: str) 
     proc = resctl("tune-interval", *args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def random_run(rng: "random.Random") -> tuple[list[dict[str, object]], int, float]:
+    """Epochs of one rank with random lengths, resume points and step times; returns the events,
+    the kept steps and their compute by brute force (every step compared with every later resume)."""
+    events: list[dict[str, object]] = []
+    t, step, epochs = 0.0, 0, []
+    for cycle in range(rng.randint(1, 6)):
+        events.append({"t": t, "kind": "start", "rank": 0, "cycle": cycle, "iteration": 0})
+        resume = rng.randint(0, step) if cycle else 0
+        events.append({"t": t, "kind": "resume", "rank": 0, "cycle": cycle, "iteration": 0, "step": resume})
+        step, rows = resume, []
+        for _ in range(rng.randint(0, 300)):
+            d = rng.choice([0.5, 1.0, 2.0])
+            t += d
+            step += 1
+            events.append({"t": t, "kind": "step", "rank": 0, "cycle": cycle, "iteration": 0, "step": step,
+                           "duration": d})
+            rows.append((step, d))
+        epochs.append((resume, rows))
+        t += 1.0
+    kept, compute = 0, 0.0
+    samples = [d for _, rows in epochs for d in [d for _, d in rows][1:]]
+    mean = sum(samples) / len(samples) if samples else 0.0
+    for i, (_, rows) in enumerate(epochs):
+        cutoff = min([r for r, _ in epochs[i + 1:]], default=10**9)
+        for j, (s, d) in enumerate(rows):
+            if s <= cutoff:
+                kept += 1
+                compute += mean if j == 0 else d
+    return events, kept, compute
+
+
+def test_kept_steps_match_a_brute_force_count() -> None:
+    import random
+
+    rng = random.Random(1214)
+    for _ in range(200):
+        events, kept, compute = random_run(rng)
+        a = analyze(events)
+        assert a.kept_steps == kept
+        assert a.productive_s == pytest.approx(compute)
+
+
+def test_a_rollback_deep_into_a_long_epoch_is_counted_from_the_bounded_track() -> None:
+    """20,000 steps keep at most TRACK_CAP samples; a resume at a step between two samples still
+    counts the kept steps exactly and their compute by interpolation."""
+    from resctl.telemetry.goodput import TRACK_CAP
+
+    events: list[dict[str, object]] = [{"t": 0.0, "kind": "start", "rank": 0, "cycle": 0, "iteration": 0}]
+    t = 0.0
+    for step in range(1, 20_001):
+        d = 1.0 if step % 2 else 3.0
+        t += d
+        events.append({"t": t, "kind": "step", "rank": 0, "step": step, "duration": d})
+    events += [{"t": t + 5, "kind": "start", "rank": 0, "cycle": 1},
+               {"t": t + 6, "kind": "resume", "rank": 0, "cycle": 1, "step": 12_347},
+               {"t": t + 7, "kind": "step", "rank": 0, "cycle": 1, "step": 12_348, "duration": 1.0}]
+    a = analyze(events)
+    assert 20_000 > 2 * TRACK_CAP
+    assert a.kept_steps == 12_347 + 1
+    exact = sum(1.0 if s % 2 else 3.0 for s in range(2, 12_348)) + 2 * (2 * 10_000 - 1) / 19_999
+    assert a.productive_s == pytest.approx(exact, rel=1e-3)
+    assert a.recoveries[0].rollback_steps == 20_000 - 12_347

@@ -1,0 +1,126 @@
+"""The event schema (one definition of every kind) and the readers' handling of damaged lines."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resctl.telemetry import events as ev
+from resctl.telemetry import metrics
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def record(kind: str, t: float, rank: int = 0, **fields: object) -> str:
+    return json.dumps({"t": t, "kind": kind, "rank": rank, "cycle": 0, "iteration": 0, **fields})
+
+
+def test_every_kind_the_code_emits_is_defined() -> None:
+    emitted = set()
+    for path in (REPO / "resctl").rglob("*.py"):
+        emitted |= set(re.findall(r"""\.emit\(\s*["'](\w+)["']""", path.read_text(encoding="utf-8")))
+    assert emitted, "no emit() calls found"
+    assert emitted <= set(ev.KINDS), emitted - set(ev.KINDS)
+    assert len(ev.KINDS) >= 11  # the 10 kinds of 2026-11 plus `snapshot`
+
+
+def test_docs_are_rendered_from_the_schema() -> None:
+    doc = (REPO / "docs" / "events.md").read_text(encoding="utf-8")
+    assert doc == ev.render_markdown(), "run: python -c 'from resctl.telemetry.events import render_markdown as r; " \
+                                        "open(\"docs/events.md\", \"w\").write(r())'"
+
+
+def test_emit_refuses_what_the_schema_does_not_define(tmp_path: Path) -> None:
+    log = ev.EventLog(tmp_path, rank=0)
+    with pytest.raises(ValueError, match="unknown event kind"):
+        log.emit("stepp", step=1, duration=1.0)
+    with pytest.raises(ValueError, match="needs duration"):
+        log.emit("step", step=1)
+    log.emit("step", step=1, duration=0.5)
+    log.close()
+    (got,) = ev.read_run(tmp_path)
+    assert (got["kind"], got["step"], got["duration"], got["cycle"]) == ("step", 1, 0.5, 0)
+
+
+def test_optional_fields_read_as_none_and_types_are_checked() -> None:
+    e = ev.validate({"t": 1, "kind": "ckpt_persist", "rank": 0, "step": None, "seconds": 2})
+    assert e is not None and e["step"] is None and e["seconds"] == 2.0 and e["bytes"] is None
+    assert e["cycle"] == 0 and e["iteration"] == 0
+    for bad in ({"t": 1, "kind": "step", "rank": 0, "step": "3", "duration": 1.0},  # a string step
+                {"t": 1, "kind": "step", "rank": True, "step": 3, "duration": 1.0},  # bool is not an int
+                {"t": float("nan"), "kind": "end", "rank": 0, "status": "ok"},
+                {"t": 1, "kind": "nope", "rank": 0}, [1, 2], None, "step"):
+        assert ev.validate(bad) is None, bad
+
+
+def test_damaged_lines_are_skipped_and_counted(tmp_path: Path) -> None:
+    lines = [record("start", 1.0).encode(), b"\xff\xfe not utf-8", b"null", b"[" * 100_000 + b"]" * 100_000,
+             record("step", 2.0, step="x", duration=1.0).encode(), record("step", 3.0, step=1, duration=1.0).encode(),
+             b"", record("end", 4.0, status="ok").encode()]
+    (tmp_path / "events-rank0.jsonl").write_bytes(b"\n".join(lines) + b"\n" + b'{"t": 5, "kind": "st')
+    stats = ev.ReadStats()
+    got = [e["kind"] for e in ev.read_run(tmp_path, stats)]
+    assert got == ["start", "step", "end"]
+    assert stats.damaged == 5
+    assert any("not UTF-8" in x for x in stats.examples) and any("nested too deep" in x for x in stats.examples)
+
+
+def test_parse_line_never_raises_on_mangled_records() -> None:
+    rng = random.Random(14)
+    seeds = [record("step", 1.5, step=3, duration=0.25), record("fault", 2.0, cause="exception", error="x"),
+             record("ckpt_persist", 3.0, step=None, seconds=1.0, bytes=10, path="/p")]
+    for i in range(600):
+        line = bytearray(rng.choice(seeds).encode())
+        for _ in range(rng.randint(1, 4)):
+            op, pos = rng.randint(0, 2), rng.randrange(len(line))
+            if op == 0:
+                line[pos] = rng.randrange(256)
+            elif op == 1:
+                del line[pos:pos + rng.randint(1, 8)]
+            else:
+                line[pos:pos] = rng.choice([b"null", b"[[[[", b"\x80", b"1e999", b'"', b"{}"])
+        event, why = ev.parse_line(bytes(line))
+        assert (event is None) == bool(why), (i, line)
+        if event is not None:
+            assert event["kind"] in ev.KINDS and isinstance(event["t"], float)
+
+
+def run_with_damage(run: Path) -> None:
+    run.mkdir()
+    out = [record("start", 1000.0)]
+    for step in range(1, 31):
+        out.append(record("step", 1000.0 + step, step=step, duration=1.0))
+        if step == 10:
+            out.append("null")
+            out.append("\udcff")  # written below as a raw non-UTF-8 byte
+    text = "\n".join(out) + "\n"
+    (run / "events-rank0.jsonl").write_bytes(text.encode("utf-8", "surrogateescape"))
+
+
+def test_report_counts_damaged_lines_and_reads_the_rest(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run_with_damage(run)
+    proc = subprocess.run([sys.executable, "-m", "resctl", "report", str(run), "--json"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["damaged_lines"] == 2 and doc["final_step"] == 30 and doc["kept_steps"] == 30
+    proc = subprocess.run([sys.executable, "-m", "resctl", "report", str(run)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "2 damaged line(s) skipped" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_bad_line_does_not_drop_the_rest_of_a_metrics_batch(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run_with_damage(run)
+    collector = metrics.RunCollector(run)
+    collector.update()
+    families = {f.name: f.samples[0].value for f in collector.collect() if f.samples}
+    assert families["resctl_steps"] == 30
+    assert families["resctl_event_lines_damaged"] == 2
