@@ -12,7 +12,7 @@ import sys
 import textwrap
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -257,3 +257,88 @@ def test_resume_from_another_runs_checkpoint_is_reported(tmp_path: Path) -> None
     assert other and other[0]["run_id"] == "run-A" and other[0]["step"] == 5
     assert _ck(root, tmp_path / "run2", run_id="run-A").load({"w": None, "b": None, "info": None}) == 5
     assert not [e for e in read_events(tmp_path / "run2") if e["kind"] == "ckpt_other_run"]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 6 MiB tmpfs (root only; skipped where mounting is not allowed)."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_mid_training_keeps_the_last_good_checkpoint(small_tmpfs: Path) -> None:
+    """A real ENOSPC: failures are reported and retried, space coming back resumes saving, and
+    the third failure in a row stops with the cause; the newest good checkpoint loads bitwise."""
+    root, run = small_tmpfs / "ck", small_tmpfs.parent / "run"
+    ck = Checkpointer(dir=root, rank=0, world_size=1, keep_last=2, recycle=False, events=EventLog(run, rank=0))
+    state = {"w": torch.zeros(1 << 18)}  # 1 MiB per checkpoint
+    filler = small_tmpfs / "filler"
+
+    def train_to(step: int) -> None:
+        state["w"].fill_(step)
+        ck.save(state, step)
+
+    train_to(1)
+    train_to(2)
+    ck.wait()
+    with open(filler, "wb") as fh:  # take every byte that is left
+        try:
+            while True:
+                fh.write(b"\0" * (64 << 10))
+                fh.flush()
+        except OSError:
+            pass
+    train_to(3)  # async: fails in the background
+    train_to(4)  # step 3's ENOSPC is reported here; training goes on
+    filler.unlink()  # space comes back
+    train_to(5)  # step 4's failure reported (2 in a row); step 5 is written
+    ck.wait()
+    assert _steps(root) == [2, 5]
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (64 << 10))
+                fh.flush()
+        except OSError:
+            pass
+    with pytest.raises(SaveFailuresExceeded, match="No space left on device"):
+        for step in (6, 7, 8, 9):
+            train_to(step)
+        ck.wait()
+    assert _steps(root) == [2, 5]
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]  # nothing half-written left
+    loaded: dict[str, Any] = {"w": None}
+    assert Checkpointer(dir=root, rank=0, world_size=1).load(loaded) == 5
+    assert torch.equal(loaded["w"], torch.full((1 << 18,), 5.0))
+    fails = [(e["step"], e["consecutive"]) for e in read_events(run) if e["kind"] == "ckpt_fail"]
+    assert fails == [(3, 1), (4, 2), (6, 1), (7, 2), (8, 3)]
+
+
+def test_resctl_run_refuses_a_checkpoint_dir_a_live_job_owns(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        script = tmp_path / "train.py"
+        script.write_text("raise SystemExit('must not start')\n")
+        repo = Path(__file__).resolve().parents[2]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RESCTL_")}
+        done = subprocess.run(
+            [sys.executable, "-m", "resctl", "run", "-p", str(repo / "examples/profiles/local-cpu.toml"),
+             "--run-dir", str(tmp_path / "run"), "--set", f"checkpoint.dir={root}", str(script)],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 2, done.stderr
+    assert f"checkpoint dir {root} is in use by run run-A (pid {holder.pid}" in done.stderr
+    assert "checkpoint.dir" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("events-*"))
