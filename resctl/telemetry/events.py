@@ -7,6 +7,10 @@ Every record has `t` (unix seconds), `kind`, `rank`, `cycle` (launcher restart c
 - `step`       step, duration (seconds since the previous step event)
 - `ckpt_stall` step, seconds (time the training loop was blocked by a save), waited (for the previous save)
 - `ckpt_persist` step, seconds (stage-to-durable), bytes
+- `ckpt_prune` removed, seconds
+- `ckpt_skip`  step, reason, quarantined (where a damaged checkpoint was moved, or null): `load` refused it
+- `ckpt_fail`  step, error, consecutive, limit: a checkpoint write failed (retried at the next interval)
+- `ckpt_other_run` step, run_id, path: `load` resumed from a checkpoint another run wrote
 - `fault`      cause ("exception", "sigkill", "hang", "checkpoint_exception", "sigterm"), error, injected
 - `restart`    layer: "inprocess" (a new wrapper iteration) or "launcher" (the first record of a
                worker started in a new ft_launcher cycle, right after its `start`)
