@@ -297,8 +297,9 @@ def test_full_disk_mid_training_keeps_the_last_good_checkpoint(small_tmpfs: Path
             pass
     train_to(3)  # async: fails in the background
     train_to(4)  # step 3's ENOSPC is reported here; training goes on
+    ck.wait()  # step 4's failure reported (2 in a row), not raised
     filler.unlink()  # space comes back
-    train_to(5)  # step 4's failure reported (2 in a row); step 5 is written
+    train_to(5)
     ck.wait()
     assert _steps(root) == [2, 5]
     with open(filler, "wb") as fh:
