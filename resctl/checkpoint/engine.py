@@ -26,7 +26,6 @@ import secrets
 import shutil
 import threading
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, MutableMapping

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import torch
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
