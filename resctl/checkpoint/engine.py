@@ -222,8 +222,9 @@ class Checkpointer:
         """Save `state` as checkpoint `step`.
 
         Waits for the previous save first (the wait is reported as `waited` in `ckpt_stall`),
-        and raises `CheckpointError` if that save failed. With async on, returns once the state is
-        staged; otherwise once it is durable.
+        and reports it if that save failed (`record_failure`: raises `SaveFailuresExceeded` only at
+        `max_failed_saves` failures in a row). With async on, returns once the state is staged;
+        otherwise once it is durable (or failed).
         """
         t0 = time.monotonic()
         self.beat(force=True)
@@ -636,7 +637,8 @@ class Checkpointer:
             return 0
         removed = 0
         oldest_kept = good[self.keep_last - 1]
-        self._verified = {s for s in self._verified if s >= oldest_kept}
+        # In place: the next write's publish may add its step meanwhile (another thread).
+        self._verified.difference_update([s for s in list(self._verified) if s < oldest_kept])
         for s, p in visible:
             if s < oldest_kept:
                 if recycle and self.recycle and self._keep_for_recycling(p):
