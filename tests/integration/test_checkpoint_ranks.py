@@ -87,3 +87,53 @@ def test_one_ranks_damaged_shard_moves_every_rank_back_one_checkpoint(tmp_path: 
     ref, got = torch.load(tmp_path / "ref.pt", weights_only=True), torch.load(tmp_path / "second.pt", weights_only=True)
     assert got["meta"] == ref["meta"] == {"seen": 12}
     assert torch.equal(got["w"].view(torch.uint8), ref["w"].view(torch.uint8))  # bitwise
+
+
+def test_full_disk_under_resctl_run_stops_with_the_cause_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    """2 ranks, checkpoints on a 4 MiB tmpfs that fills up mid-training: failed writes are reported
+    and training goes on until `max_failed_saves` (3) in a row, then the job stops with the cause;
+    the newest good checkpoint survives and loads."""
+    import subprocess
+
+    from resctl.checkpoint.engine import Checkpointer
+    from tests.integration.jobs import EXAMPLES, wait_for
+
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        ckpt_dir, run_dir = mnt / "ck", tmp_path / "full"
+        args = ["-p", str(LOCAL_PROFILE), "--nproc-per-node", "2", "--run-dir", str(run_dir), "--max-restarts", "0",
+                "--set", f"checkpoint.dir={ckpt_dir}", "--set", "checkpoint.interval_steps=5",
+                str(EXAMPLES / "train_ckpt.py"), "--steps", "400", "--step-time", "0.05"]
+        proc = start(args, cwd=tmp_path)
+
+        def saved_10() -> bool:
+            return any(e["kind"] == "ckpt_persist" and e["step"] >= 10 for e in events(run_dir))
+
+        wait_for(saved_10, 120, "the checkpoint of step 10", proc)
+        with open(mnt / "filler", "wb") as fh:  # the disk is full from here on
+            try:
+                while True:
+                    fh.write(b"\0" * (64 << 10))
+                    fh.flush()
+            except OSError:
+                pass
+        code, out = finish(proc, timeout=180)
+        ev = events(run_dir)
+        fails = [e for e in ev if e["kind"] == "ckpt_fail"]
+        assert code != 0 and "SaveFailuresExceeded" in out and "No space left on device" in out, out[-3000:]
+        assert [e["consecutive"] for e in fails] == [1, 2, 3], fails
+        last_good = max(e["step"] for e in ev if e["kind"] == "ckpt_persist")
+        steps = [e["step"] for e in ev if e["kind"] == "step" and e["rank"] == 0]
+        assert max(steps) >= fails[-1]["step"]  # training went on past the first failures
+        import torch
+
+        from examples.train_ckpt import build_model  # type: ignore[import-not-found]
+
+        model = build_model(8)
+        state = {"model": model, "optim": torch.optim.Adam(model.parameters(), lr=1e-2)}
+        assert Checkpointer(dir=ckpt_dir, rank=0, world_size=1, exclusive=False).load(state) == last_good
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
