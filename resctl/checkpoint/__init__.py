@@ -15,7 +15,7 @@ Use it from a training script (the resctl shim configures it from the profile's
 Functions (all act on the module's default `Checkpointer`):
 
 - `configure(*, dir, interval_steps=100, async_=True, keep_last=2, writers=4, rank=None,
-  world_size=None, events=None, heartbeat=None) -> Checkpointer`
+  world_size=None, events=None, heartbeat=None, max_failed_saves=3) -> Checkpointer`
 - `load(state) -> int`, `save(state, step)`, `maybe_save(state, step) -> bool`,
   `save_final() -> int | None`, `wait()`, `get() -> Checkpointer`.
 
@@ -29,14 +29,20 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, MutableMapping
 
-from resctl.checkpoint.engine import CheckpointError, Checkpointer
-from resctl.telemetry.events import EventLog
+from resctl.checkpoint.errors import CheckpointDirInUse, CheckpointError, CheckpointMismatch, SaveFailuresExceeded
+
+if TYPE_CHECKING:  # the engine imports torch: loaded on first use, so `resctl run` can check a dir without it
+    from resctl.checkpoint.engine import Checkpointer
+    from resctl.telemetry.events import EventLog
 
 __all__ = [
+    "CheckpointDirInUse",
     "CheckpointError",
+    "CheckpointMismatch",
     "Checkpointer",
+    "SaveFailuresExceeded",
     "configure",
     "get",
     "load",
@@ -46,8 +52,16 @@ __all__ = [
     "wait",
 ]
 
-_default: Checkpointer | None = None
+_default: "Checkpointer | None" = None
 _lock = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Checkpointer":
+        from resctl.checkpoint.engine import Checkpointer
+
+        return Checkpointer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def configure(
@@ -61,10 +75,12 @@ def configure(
     recycle: bool = True,
     rank: int | None = None,
     world_size: int | None = None,
-    events: EventLog | None = None,
+    events: "EventLog | None" = None,
     heartbeat: Callable[[], None] | None = None,
-) -> Checkpointer:
+    max_failed_saves: int = 3,
+) -> "Checkpointer":
     """Set (and return) the default Checkpointer; a previous one finishes its writes first."""
+    from resctl.checkpoint.engine import Checkpointer
 
     new = Checkpointer(
         dir=dir,
@@ -78,11 +94,12 @@ def configure(
         world_size=world_size,
         events=events,
         heartbeat=heartbeat,
+        max_failed_saves=max_failed_saves,
     )
     return set_default(new)
 
 
-def set_default(checkpointer: Checkpointer) -> Checkpointer:
+def set_default(checkpointer: "Checkpointer") -> "Checkpointer":
     """Install an existing Checkpointer (e.g. `Checkpointer.from_section(...)`) as the default."""
     global _default
     with _lock:
@@ -92,8 +109,10 @@ def set_default(checkpointer: Checkpointer) -> Checkpointer:
     return checkpointer
 
 
-def get() -> Checkpointer:
+def get() -> "Checkpointer":
     """The default Checkpointer, configured with defaults (`dir="checkpoints"`) on first use."""
+    from resctl.checkpoint.engine import Checkpointer
+
     global _default
     with _lock:
         if _default is None:

@@ -26,7 +26,6 @@ import secrets
 import shutil
 import threading
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, MutableMapping
@@ -34,8 +33,10 @@ from typing import TYPE_CHECKING, Any, Callable, MutableMapping
 import torch
 
 from resctl.checkpoint import format as fmt
+from resctl.checkpoint import reader, sharded
 from resctl.checkpoint import state as st
-from resctl.errors import ResctlError
+from resctl.checkpoint.errors import CheckpointError, CheckpointMismatch, SaveFailuresExceeded
+from resctl.checkpoint.owner import Ownership
 from resctl.telemetry.events import NULL_LOG, EventLog
 
 if TYPE_CHECKING:
@@ -44,10 +45,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("resctl.checkpoint")
 
 HEARTBEAT_EVERY = 1.0  # seconds between heartbeats sent from writer threads
+QUARANTINE = ".quarantine"
+LEFTOVERS = (".tmp-step-", ".trash-", ".recycle-")
+# A candidate's verdict on one rank; the ranks agree on the MIN.
+_MISMATCH, _SKIP, _OK = 0, 1, 2
+
+__all__ = ["CheckpointError", "CheckpointMismatch", "Checkpointer", "SaveFailuresExceeded"]
 
 
-class CheckpointError(ResctlError):
-    """A checkpoint could not be saved (the message says what failed and what to do)."""
+def current_run_id() -> str:
+    """The job's run id (the launcher's rendezvous id: the same in every worker and restart), or ""."""
+    return os.environ.get("TORCHELASTIC_RUN_ID", "")
 
 
 def _dist_ready() -> bool:
@@ -78,6 +86,13 @@ class Checkpointer:
         events: an `EventLog` for `ckpt_stall`, `ckpt_persist`, `ckpt_prune` and `ckpt_skip`.
         heartbeat: a zero-argument callable called before and after each save and, at most once
             a second, from the writer threads while a write runs (it must be thread-safe).
+        max_failed_saves: a failed write (full disk, I/O error, permissions) is reported (log
+            error, `ckpt_fail` event) and the next interval tries again; this many failures in a
+            row raise `SaveFailuresExceeded` from `save`/`wait` (1: the first failure raises).
+        run_id: written into every manifest, so a resume from another run's checkpoint is
+            reported (`ckpt_other_run`); default: env TORCHELASTIC_RUN_ID.
+        exclusive: rank 0 holds an flock on `<dir>/.resctl-owner` from its first load or save, and
+            another live process owning the directory raises `CheckpointDirInUse`.
     """
 
     def __init__(
@@ -94,9 +109,12 @@ class Checkpointer:
         world_size: int | None = None,
         events: EventLog | None = None,
         heartbeat: Callable[[], None] | None = None,
+        max_failed_saves: int = 3,
+        run_id: str | None = None,
+        exclusive: bool = True,
     ) -> None:
-        if interval_steps < 1 or keep_last < 1 or writers < 1:
-            raise ValueError("interval_steps, keep_last and writers must be >= 1")
+        if interval_steps < 1 or keep_last < 1 or writers < 1 or max_failed_saves < 1:
+            raise ValueError("interval_steps, keep_last, writers and max_failed_saves must be >= 1")
         if stage not in ("host", "device"):
             raise ValueError(f"stage must be 'host' or 'device', not {stage!r}")
         self.stage = stage
@@ -138,6 +156,15 @@ class Checkpointer:
         self._final_requested = False
         #: Set once a final save requested by `request_final_save` is durable (or was skipped).
         self.final_done = threading.Event()
+        self.max_failed_saves = max_failed_saves
+        #: Writes that failed since the last one that landed.
+        self.failed_in_a_row = 0
+        self.run_id = current_run_id() if run_id is None else run_id
+        self.exclusive = exclusive
+        self._owner = Ownership(self.dir, self.run_id)
+        # Steps known good: published durably by this process, or verified by its load. Pruning
+        # counts only these, so damaged or unknown directories never push a good one out.
+        self._verified: set[int] = set()
 
     @classmethod
     def from_section(cls, section: "CheckpointSection", **kw: Any) -> "Checkpointer":
@@ -150,6 +177,7 @@ class Checkpointer:
             writers=section.writers,
             stage=section.stage,
             recycle=section.recycle,
+            max_failed_saves=section.max_failed_saves,
         )
         args.update(kw)
         return cls(**args)
@@ -174,7 +202,8 @@ class Checkpointer:
 
     # --- heartbeats ----------------------------------------------------------------------------
 
-    def _beat(self, force: bool = False) -> None:
+    def beat(self, force: bool = False) -> None:
+        """Call the heartbeat (at most once a second unless `force`); never raises."""
         if self.heartbeat is None:
             return
         now = time.monotonic()
@@ -193,27 +222,38 @@ class Checkpointer:
         """Save `state` as checkpoint `step`.
 
         Waits for the previous save first (the wait is reported as `waited` in `ckpt_stall`),
-        and raises `CheckpointError` if that save failed. With async on, returns once the state is
-        staged; otherwise once it is durable.
+        and reports it if that save failed (`record_failure`: raises `SaveFailuresExceeded` only at
+        `max_failed_saves` failures in a row). With async on, returns once the state is staged;
+        otherwise once it is durable (or failed).
         """
         t0 = time.monotonic()
-        self._beat(force=True)
-        waited = self._wait_previous()
+        self.beat(force=True)
+        waited = self.wait_previous()
         entries, stateful = st.snapshot_entries(state)
+        self.start()
+        self.last_saved_step = step  # undone by record_failure if the write fails
         if any(st.is_sharded(t) for t in st.find_tensors(entries)):
-            from resctl.checkpoint import sharded
-
-            if self.rank == 0:
-                self._cleanup_once()
-            sharded.save(self, entries, stateful, step)
+            self._save_sharded(entries, stateful, step)
         elif self.rank == 0:
-            self._cleanup_once()
             self._save_plain(entries, stateful, step)
         # Other ranks of replicated state write nothing: rank 0's copy is everyone's.
-        self.last_saved_step = step
         blocked = time.monotonic() - t0
         self.events.emit("ckpt_stall", step=step, seconds=round(blocked, 6), waited=round(waited, 6))
-        self._beat(force=True)
+        self.beat(force=True)
+
+    def _save_sharded(self, entries: dict[str, Any], stateful: list[str], step: int) -> None:
+        """Collective and synchronous (see `sharded`); a failure goes through `record_failure` on every rank."""
+        t0 = time.monotonic()
+        try:
+            total = sharded.save(self.dir, entries, stateful, step, writers=self.writers, beat=self.beat,
+                                 publish=self.publish, run_id=self.run_id)
+        except Exception as err:  # noqa: BLE001
+            self.record_failure(step, err)
+            return
+        self.failed_in_a_row = 0
+        if total is not None:
+            self.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - t0, 6), bytes=total)
+            self.prune(recycle=False)  # only the plain writer overwrites recycled files
 
     def maybe_save(self, state: MutableMapping[str, Any], step: int) -> bool:
         """Save when `step % interval_steps == 0`; always remember (state, step) for `save_final`.
@@ -287,7 +327,7 @@ class Checkpointer:
         """Block until the in-flight write is durable and old checkpoints are pruned; raise
         `CheckpointError` if the write failed."""
         try:
-            self._wait_previous()
+            self.wait_previous()
         finally:
             self._wait_prune()
 
@@ -330,20 +370,21 @@ class Checkpointer:
                 waiting, self._recycled = self._recycled, None
             if waiting is not None:  # nobody will overwrite it now: give the space back
                 shutil.rmtree(waiting, ignore_errors=True)
+            self._owner.release()
 
-    def _wait_previous(self) -> float:
+    def wait_previous(self) -> float:
+        """Wait for the write in flight; return the seconds waited. A failed write is reported
+        (`record_failure`), and raises only when it makes `max_failed_saves` in a row."""
         fut, step = self._inflight, self._inflight_step
         if fut is None:
             return 0.0
         t0 = time.monotonic()
         try:
             fut.result()
-        except BaseException as err:
-            raise CheckpointError(
-                f"checkpoint step {step} failed while writing ({type(err).__name__}: {err}); it was not "
-                f"made visible, the previous complete checkpoint in {self.dir} is still the one that loads. "
-                "Check free space and permissions of the checkpoint dir; the next save will try again."
-            ) from err
+        except Exception as err:  # noqa: BLE001 - every write failure goes through the policy
+            self.record_failure(step, err)
+        else:
+            self.failed_in_a_row = 0
         finally:
             self._inflight = None
             self._inflight_step = None
@@ -351,33 +392,52 @@ class Checkpointer:
         return time.monotonic() - t0
 
     def submit(self, job: Callable[[], None], step: int | None, path: Path | None) -> None:
-        """Run `job` (a write) in the background when async, else now; its error surfaces on the
-        next save()/wait()."""
+        """Run `job` (a write) in the background when async, else now; a failure goes through
+        `record_failure` (now when sync, at the next save()/wait() when async)."""
         if self.async_:
             self._inflight = self._bg.submit(job)
             self._inflight_step, self._inflight_path = step, path
+            return
+        try:
+            job()
+        except Exception as err:  # noqa: BLE001
+            self.record_failure(step, err)
         else:
-            try:
-                job()
-            except BaseException as err:
-                raise CheckpointError(
-                    f"checkpoint step {step} failed while writing ({type(err).__name__}: {err}); it was "
-                    "not made visible."
-                ) from err
+            self.failed_in_a_row = 0
 
-    def _cleanup_once(self) -> None:
-        """Remove temp and trash directories left by a killed writer (once, before our first save:
-        no writer of ours is active then)."""
+    def record_failure(self, step: int | None, err: BaseException) -> None:
+        """A write failed (it was never made visible): report it loudly and let the next interval
+        retry; raise `SaveFailuresExceeded` when it is the `max_failed_saves`-th in a row."""
+        self.failed_in_a_row += 1
+        if step is not None and self.last_saved_step == step:
+            self.last_saved_step = None  # not saved: a final save may try this step again
+        cause = f"{type(err).__name__}: {err}"
+        self.events.emit("ckpt_fail", step=step, error=cause, consecutive=self.failed_in_a_row,
+                         limit=self.max_failed_saves)
+        where = f"the newest complete checkpoint in {self.dir} is still the one that loads"
+        if self.failed_in_a_row >= self.max_failed_saves:
+            raise SaveFailuresExceeded(
+                f"checkpoint step {step} failed while writing ({cause}), {self.failed_in_a_row} failed writes in a row "
+                f"(checkpoint.max_failed_saves = {self.max_failed_saves}). Nothing partial was made visible; {where}. "
+                "Free space or fix permissions of the checkpoint dir, then restart the job."
+            ) from err
+        log.error("checkpoint step %s failed while writing (%s); not made visible, %s; the next save tries "
+                  "again (%d of %d failures in a row allowed)", step, cause, where, self.failed_in_a_row,
+                  self.max_failed_saves - 1)
+
+    def start(self) -> None:
+        """Once, before the first load or save: on rank 0 take the directory's ownership lock and
+        remove what killed writers left (temp, trash and recycle directories; no writer of this
+        job is active yet). Raises `CheckpointDirInUse` when another live job owns the directory."""
         if self._cleaned:
             return
-        self._cleaned = True
-        try:
-            entries = list(os.scandir(self.dir))
-        except FileNotFoundError:
+        if self.rank != 0:
+            self._cleaned = True
             return
-        for entry in entries:
-            if entry.name.startswith((".tmp-step-", ".trash-", ".recycle-")) and entry.is_dir():
-                shutil.rmtree(entry.path, ignore_errors=True)
+        if self.exclusive:
+            self._owner.acquire()
+        self._cleaned = True
+        remove_leftovers(self.dir)
 
     def _host_arena(self, total: int, pinned: bool) -> torch.Tensor:
         arena = self._arena
@@ -463,8 +523,9 @@ class Checkpointer:
 
         self.submit(job, step, final)
 
-    def _tick(self) -> None:
-        self._beat()
+    def tick(self) -> None:
+        """Heartbeat from a writer or reader thread (rate-limited)."""
+        self.beat()
 
     def _persist_plain(
         self,
@@ -488,28 +549,21 @@ class Checkpointer:
                 staged = self._to_host(staged)
             view = fmt.byte_view(staged)
             futures = [
-                self._pool.submit(write_data_file, tmp / f"data-{i}.bin", view[lo:hi], self._tick)
+                self._pool.submit(write_data_file, tmp / f"data-{i}.bin", view[lo:hi], self.tick)
                 for i, (lo, hi) in enumerate(ranges)
             ]
             meta_size, meta_crc = fmt.write_file(tmp / fmt.META, [memoryview(meta)])
-            files: dict[str, dict[str, Any]] = {fmt.META: {"bytes": meta_size, "crc32": meta_crc}}
+            files = {fmt.META: fmt.FileEntry(meta_size, meta_crc)}
             for i, ((lo, hi), fut) in enumerate(zip(ranges, futures)):
                 size, crc = fut.result()
-                files[f"data-{i}.bin"] = {"bytes": size, "crc32": crc, "range": [lo, hi]}
+                files[f"data-{i}.bin"] = fmt.FileEntry(size, crc, (lo, hi))
             if fail is not None:
                 raise RuntimeError(fail)
-            body = {
-                "format": fmt.FORMAT,
-                "version": fmt.VERSION,
-                "kind": "plain",
-                "step": step,
-                "created": time.time(),
-                "world_size": self.world_size,
-                "stream_bytes": total,
-                "files": files,
-                "tensors": [s.to_json() for s in specs],
-            }
-            fmt.write_manifest(tmp / fmt.MANIFEST, body)
+            manifest = fmt.Manifest(
+                "plain", step, files, created=time.time(), world_size=self.world_size, run_id=self.run_id,
+                stream_bytes=total, tensors=tuple(specs),
+            )
+            fmt.write_manifest(tmp / fmt.MANIFEST, manifest)
             fmt.fsync_dir(tmp)
             self.publish(tmp, step)
         except BaseException:
@@ -522,7 +576,8 @@ class Checkpointer:
         self._prune_after_durable()
 
     def publish(self, tmp: Path, step: int) -> Path:
-        """Make a complete temp directory visible as `step-<N>` (atomically) and make that durable."""
+        """Make a complete temp directory visible as `step-<N>` (atomically) and make that durable;
+        from then on it counts as verified for pruning."""
         final = self.dir / fmt.step_dir_name(step)
         trash: Path | None = None
         if final.exists():
@@ -532,6 +587,7 @@ class Checkpointer:
             os.rename(final, trash)
         os.rename(tmp, final)
         fmt.fsync_dir(self.dir)
+        self._verified.add(step)
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
         return final
@@ -570,15 +626,20 @@ class Checkpointer:
         return True
 
     def prune(self, recycle: bool = True) -> int:
-        """Keep the newest `keep_last` complete checkpoints; remove older ones (complete or not;
-        with `recycle` the first one is hidden and kept for the next write). Returns how many
-        were removed from view."""
-        complete = [(s, p) for s, p in fmt.list_step_dirs(self.dir) if (p / fmt.MANIFEST).exists()]
-        if len(complete) <= self.keep_last:
+        """Keep the newest `keep_last` *verified* checkpoints (published durably by this process or
+        verified by its load, so the one it resumed from stays until `keep_last` newer ones are
+        durable); remove every step directory older than the oldest kept (with `recycle` the first
+        one is hidden and kept for the next write). Newer unverified ones are left alone. Returns
+        how many were removed from view."""
+        visible = fmt.list_step_dirs(self.dir)
+        good = [s for s, _ in visible if s in self._verified]
+        if len(good) <= self.keep_last:
             return 0
         removed = 0
-        oldest_kept = complete[self.keep_last - 1][0]
-        for s, p in fmt.list_step_dirs(self.dir):
+        oldest_kept = good[self.keep_last - 1]
+        # In place: the next write's publish may add its step meanwhile (another thread).
+        self._verified.difference_update([s for s in list(self._verified) if s < oldest_kept])
+        for s, p in visible:
             if s < oldest_kept:
                 if recycle and self.recycle and self._keep_for_recycling(p):
                     removed += 1
@@ -598,15 +659,18 @@ class Checkpointer:
     def load(self, state: MutableMapping[str, Any]) -> int:
         """Restore the newest valid checkpoint into `state` in place; return its step (0: none).
 
-        Each candidate is verified completely (manifest checksum, sizes, CRC32 of every file,
-        weights_only loading) before anything in `state` changes; a bad one is skipped with a
-        warning and a `ckpt_skip` event. With torch.distributed initialised, every rank verifies
-        and all take the newest step that every rank could read.
+        Each candidate is verified completely (`reader.read`: manifest, step, kind, sizes, CRC32 of
+        every file, weights_only meta.pt, fit to `state`) before anything in `state` changes. A
+        damaged one is skipped, reported (log, `ckpt_skip`) and moved to `<dir>/.quarantine/`; an
+        intact one that does not fit the state raises `CheckpointMismatch`. With torch.distributed
+        initialised every rank verifies each candidate and all take the newest step that every
+        rank could read (an all-reduce(MIN) of each rank's verdict).
         """
         try:
             self.wait()
         except CheckpointError as err:
             log.warning("%s", err)
+        self.start()
         candidates = fmt.list_step_dirs(self.dir)
         distributed = _dist_ready() and torch.distributed.get_world_size() > 1
         if distributed:
@@ -614,71 +678,76 @@ class Checkpointer:
             steps = _broadcast_steps([s for s, _ in candidates])
             candidates = [(s, self.dir / fmt.step_dir_name(s)) for s in steps]
         for step, path in candidates:
-            loaded: Any = None
-            reason = ""
-            try:
-                loaded = self._read(path, state)
-            except Exception as err:  # noqa: BLE001 - any failure means "do not take this one"
-                reason = str(err) if isinstance(err, fmt.CorruptCheckpoint) else f"{type(err).__name__}: {err}"
-            if distributed and not _all_ranks_ok(not reason) and not reason:
-                reason = "another rank could not read it (see that rank's log)"
-            if reason:
-                log.warning("skipping checkpoint %s: %s", path, reason)
-                self.events.emit("ckpt_skip", step=step, reason=reason)
+            verified, verdict, problem = self._verify(path, step, state)
+            if distributed:
+                verdict = _min_over_ranks(verdict)
+            if verdict == _MISMATCH:
+                raise problem if isinstance(problem, CheckpointMismatch) else CheckpointMismatch(
+                    f"checkpoint step {step} in {self.dir} does not fit the state on another rank (see that rank's log)")
+            if verdict == _SKIP or verified is None:
+                self._reject(step, path, problem)
                 continue
-            kind, payload = loaded
-            if kind == "dcp":
-                from resctl.checkpoint import sharded
-
-                sharded.load_into(self, path, payload, state)
+            if verified.manifest.kind == "dcp":
+                sharded.load_into(path, verified.meta, state)
             else:
-                entries, stateful = payload
-                st.restore(state, entries, stateful)
-            self.last_saved_step = step
+                st.restore(state, verified.entries or {}, list(verified.meta["stateful"]))
+            self._resumed(verified)
             return step
         return 0
 
-    def _read(self, path: Path, state: MutableMapping[str, Any]) -> tuple[str, Any]:
-        """Verify and read a checkpoint directory; nothing in `state` changes here."""
-        body = fmt.read_manifest(path / fmt.MANIFEST)
-        files: dict[str, dict[str, Any]] = body["files"]
-        for name, info in files.items():
-            try:
-                size = (path / name).stat().st_size
-            except FileNotFoundError:
-                raise fmt.CorruptCheckpoint(f"missing file {name}") from None
-            if size != info["bytes"]:
-                raise fmt.CorruptCheckpoint(f"{name}: {size} bytes, manifest says {info['bytes']}")
-        meta_bytes = (path / fmt.META).read_bytes()
-        if zlib.crc32(meta_bytes) != files[fmt.META]["crc32"]:
-            raise fmt.CorruptCheckpoint(f"{fmt.META}: checksum mismatch")
-        try:
-            meta = st.decode_meta(meta_bytes)
-        except Exception as err:  # noqa: BLE001
-            raise fmt.CorruptCheckpoint(f"{fmt.META} refused by weights_only loading: {err}") from None
-        if body["kind"] == "dcp":
-            from resctl.checkpoint import sharded
+    def _verify(self, path: Path, step: int, state: MutableMapping[str, Any]) -> tuple[reader.Verified | None, int, Exception | None]:
+        def verify_dcp(p: Path, m: fmt.Manifest) -> None:
+            sharded.verify(p, m, self.rank, self.world_size)
 
-            sharded.verify(path, body)
-            return "dcp", (body, meta)
-        specs = [fmt.TensorSpec.from_json(raw) for raw in body["tensors"]]
-        tensors = [torch.empty(s.shape, dtype=fmt.dtype_from_name(s.dtype)) for s in specs]
-        for s, t in zip(specs, tensors):
-            if t.numel() * t.element_size() != s.nbytes:
-                raise fmt.CorruptCheckpoint("tensor layout does not match its dtype and shape")
-        views = [fmt.byte_view(t) for t in tensors]
-        data = {n: i for n, i in files.items() if n != fmt.META}
-        futures = {
-            name: self._pool.submit(
-                fmt.read_range_into, path / name, info["range"][0], info["range"][1], specs, views, self._tick
-            )
-            for name, info in data.items()
-        }
-        for name, fut in futures.items():
-            if fut.result() != data[name]["crc32"]:
-                raise fmt.CorruptCheckpoint(f"{name}: checksum mismatch")
-        entries = st.unflatten(meta["entries"], tensors)
-        return "plain", (entries, list(meta["stateful"]))
+        try:
+            return reader.read(path, step, state, self._pool, self.tick, verify_dcp), _OK, None
+        except CheckpointMismatch as err:
+            return None, _MISMATCH, err
+        except Exception as err:  # noqa: BLE001 - any other failure means "do not take this one"
+            return None, _SKIP, err
+
+    def _reject(self, step: int, path: Path, err: Exception | None) -> None:
+        """Report a checkpoint that will not be loaded; move it aside when this rank found it damaged."""
+        moved: Path | None = None
+        if err is None:
+            reason = "another rank could not read it (see that rank's log)"
+        else:
+            reason = str(err) if isinstance(err, fmt.CorruptCheckpoint) else f"{type(err).__name__}: {err}"
+            if isinstance(err, fmt.CorruptCheckpoint):
+                moved = self.quarantine(path, reason)
+        where = f"; moved to {moved}" if moved else ""
+        log.warning("skipping checkpoint %s: %s%s", path, reason, where)
+        self.events.emit("ckpt_skip", step=step, reason=reason, quarantined=str(moved) if moved else None)
+
+    def quarantine(self, path: Path, reason: str) -> Path | None:
+        """Move a damaged checkpoint to `<dir>/.quarantine/` (never loaded, pruned or cleaned up
+        again; inspect or delete it by hand) with a `reason.txt`. None if it could not be moved
+        (another rank moved it first, or no permission)."""
+        dest = self.dir / QUARANTINE / f"{path.name}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+        try:
+            dest.parent.mkdir(exist_ok=True)
+            os.rename(path, dest)
+            fmt.fsync_dir(self.dir)
+        except OSError as err:
+            if path.exists():
+                log.warning("could not move damaged checkpoint %s aside: %s", path, err)
+            return None
+        try:
+            (dest / "reason.txt").write_text(reason + "\n")
+        except OSError:
+            pass
+        return dest
+
+    def _resumed(self, verified: reader.Verified) -> None:
+        step = verified.step
+        self.last_saved_step = step
+        self._verified.add(step)
+        other = verified.manifest.run_id
+        if other and self.run_id and other != self.run_id:
+            log.warning("resuming from checkpoint step %d in %s, written by another run (%s); this run is %s",
+                        step, self.dir, other, self.run_id)
+            self.events.emit("ckpt_other_run", step=step, run_id=other, path=str(verified.path))
+
 
 
 def _collective_device() -> torch.device:
@@ -699,10 +768,24 @@ def _broadcast_steps(steps: list[int]) -> list[int]:
     return [int(s) for s in buf.tolist()]
 
 
-def _all_ranks_ok(ok: bool) -> bool:
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=_collective_device())
+def _min_over_ranks(value: int) -> int:
+    flag = torch.tensor([value], dtype=torch.int64, device=_collective_device())
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-    return bool(flag.item())
+    return int(flag.item())
+
+
+def remove_leftovers(root: Path) -> int:
+    """Remove temp, trash and recycle directories that a killed writer left in `root`; return how many."""
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for entry in entries:
+        if entry.name.startswith(LEFTOVERS) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def write_data_file(path: Path, data: memoryview, tick: Callable[[], None] | None) -> tuple[int, int]:

@@ -23,11 +23,11 @@ sorted keys and no whitespace, so a flipped byte in the manifest itself is detec
 
 from __future__ import annotations
 
-import ctypes
 import io
 import json
 import os
 import re
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +62,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
+    dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
     if not isinstance(dtype, torch.dtype):
         raise CorruptCheckpoint(f"unknown dtype {name!r}")
     return dtype
@@ -83,7 +83,9 @@ class TensorSpec:
     @classmethod
     def from_json(cls, raw: list[Any]) -> "TensorSpec":
         offset, nbytes, dtype, shape = raw
-        return cls(int(offset), int(nbytes), str(dtype), tuple(int(s) for s in shape))
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (offset, nbytes, *shape)):
+            raise CorruptCheckpoint(f"manifest: bad tensor entry {raw!r}")
+        return cls(offset, nbytes, str(dtype), tuple(shape))
 
 
 def plan_stream(tensors: list[torch.Tensor]) -> tuple[list[TensorSpec], int]:
@@ -108,13 +110,16 @@ def split_ranges(total: int, writers: int, min_bytes: int = 8 << 20) -> list[tup
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
-    """A writable memoryview on the bytes of a contiguous CPU tensor (no copy; keep `t` alive)."""
-    n = t.numel() * t.element_size()
-    if n == 0:
+    """A writable memoryview on the bytes of a contiguous CPU tensor (no copy).
+
+    The view holds a reference to the tensor's storage (through numpy), so a thread still using it
+    can never write into freed memory, whatever its creator did meanwhile."""
+    if t.numel() == 0:
         return memoryview(bytearray(0))
     if t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError("byte_view needs a contiguous CPU tensor")
-    return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
+    array: Any = t.detach().reshape(-1).view(torch.uint8).numpy()
+    return memoryview(array).cast("B")
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -159,6 +164,10 @@ def write_file(
     return size, crc
 
 
+class Cancelled(Exception):
+    """A read stopped because another file of the same checkpoint failed."""
+
+
 def read_range_into(
     path: Path,
     start: int,
@@ -166,8 +175,11 @@ def read_range_into(
     specs: list[TensorSpec],
     views: list[memoryview],
     tick: Callable[[], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> int:
-    """Read a data file holding stream bytes [start, end) into the tensors it covers; return its crc32."""
+    """Read a data file holding stream bytes [start, end) into the buffers it covers (one per
+    spec, each a view that keeps its buffer alive); return its crc32. Stops with `Cancelled` soon
+    after `cancel` is set. Raises CorruptCheckpoint when the file is shorter or longer."""
     crc = 0
     pos = start
     with open(path, "rb", buffering=1 << 20) as raw:
@@ -189,6 +201,8 @@ def read_range_into(
                 skip_to(lo)
             target = view[lo - spec.offset : hi - spec.offset]
             for clo in range(0, len(target), CHUNK):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(path.name)
                 sub = target[clo : clo + CHUNK]
                 got = fh.readinto(sub)
                 while got < len(sub):
@@ -223,24 +237,165 @@ def file_crc(path: Path) -> tuple[int, int]:
 
 # --- manifest ----------------------------------------------------------------------------------
 
+KINDS = ("plain", "dcp", "file")
+_U32 = 1 << 32
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint: its size, CRC32 (None: checked by size only) and, for a plain
+    checkpoint's data files, the byte range [lo, hi) of the stream it holds."""
+
+    bytes: int
+    crc32: int | None = None
+    range: tuple[int, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"bytes": self.bytes}
+        if self.crc32 is not None:
+            out["crc32"] = self.crc32
+        if self.range is not None:
+            out["range"] = list(self.range)
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The one manifest type of every resctl checkpoint: a step directory (`kind` "plain" or
+    "dcp") or an intercepted torch.save file (`kind` "file", stored as a sidecar whose `files`
+    has one entry, the file's own name).
+
+    `from_body` checks every field's type and range and the plain layout's consistency (data
+    ranges cut [0, stream_bytes) end to end; every tensor inside the stream, in order, with
+    nbytes = numel * element size), so a manifest that passed it cannot make a reader allocate
+    more than the files hold or address bytes outside them."""
+
+    kind: str
+    step: int | None
+    files: dict[str, FileEntry]
+    created: float = 0.0
+    world_size: int = 1
+    run_id: str = ""
+    stream_bytes: int = 0
+    tensors: tuple[TensorSpec, ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "format": FORMAT, "version": VERSION, "kind": self.kind, "step": self.step,
+            "created": self.created, "world_size": self.world_size,
+        }
+        if self.run_id:
+            body["run_id"] = self.run_id
+        if self.kind == "file":  # the sidecar keeps its v1 shape: size and CRC at the top
+            (entry,) = self.files.values()
+            body.update(bytes=entry.bytes, crc32=entry.crc32)
+            return body
+        body["files"] = {name: e.to_json() for name, e in self.files.items()}
+        if self.kind == "plain":
+            body["stream_bytes"] = self.stream_bytes
+            body["tensors"] = [t.to_json() for t in self.tensors]
+        return body
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any], file_name: str = "") -> "Manifest":
+        """Parse and check a manifest body; CorruptCheckpoint says what is wrong."""
+        try:
+            return _parse(body, file_name)
+        except CorruptCheckpoint:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise CorruptCheckpoint(f"malformed manifest: {type(err).__name__}: {err}") from None
+
+
+def _int(value: Any, what: str, lo: int = 0, hi: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value >= hi):
+        raise CorruptCheckpoint(f"manifest: bad {what}: {value!r}")
+    return value
+
+
+def _parse(body: dict[str, Any], file_name: str) -> Manifest:
+    kind = body["kind"]
+    if kind not in KINDS:
+        raise CorruptCheckpoint(f"manifest: unknown kind {kind!r}")
+    step = None if body.get("step") is None and kind == "file" else _int(body.get("step"), "step")
+    common: dict[str, Any] = dict(
+        created=float(body.get("created", 0.0)), world_size=_int(body.get("world_size", 1), "world_size", 1),
+        run_id=str(body.get("run_id", "")),
+    )
+    if kind == "file":
+        whole = FileEntry(_int(body["bytes"], "bytes"), _int(body["crc32"], "crc32", 0, _U32))
+        return Manifest(kind, step, {file_name: whole}, **common)
+    files: dict[str, FileEntry] = {}
+    for name, raw in dict(body["files"]).items():
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise CorruptCheckpoint(f"manifest: bad file name {name!r}")
+        crc = None if raw.get("crc32") is None else _int(raw["crc32"], f"{name} crc32", 0, _U32)
+        rng: tuple[int, int] | None = None
+        if raw.get("range") is not None:
+            lo, hi = raw["range"]
+            rng = (_int(lo, f"{name} range"), _int(hi, f"{name} range"))
+        files[name] = FileEntry(_int(raw["bytes"], f"{name} bytes"), crc, rng)
+    if META not in files or files[META].crc32 is None:
+        raise CorruptCheckpoint(f"manifest: no checksum for {META}")
+    if kind == "dcp":
+        return Manifest(kind, step, files, **common)
+    stream = _int(body["stream_bytes"], "stream_bytes")
+    tensors = tuple(TensorSpec.from_json(raw) for raw in body["tensors"])
+    _check_plain_layout(files, stream, tensors)
+    return Manifest(kind, step, files, stream_bytes=stream, tensors=tensors, **common)
+
+
+def data_file_names(files: dict[str, FileEntry]) -> list[str]:
+    """A plain checkpoint's data files, in stream order."""
+    return sorted((n for n in files if n != META), key=lambda n: files[n].range or (0, 0))
+
+
+def _check_plain_layout(files: dict[str, FileEntry], stream: int, tensors: tuple[TensorSpec, ...]) -> None:
+    pos = 0
+    for name in data_file_names(files):
+        entry = files[name]
+        if not re.fullmatch(r"data-\d+\.bin", name) or entry.range is None or entry.crc32 is None:
+            raise CorruptCheckpoint(f"manifest: {name} is not a data file with a range and a checksum")
+        lo, hi = entry.range
+        if lo != pos or hi < lo or entry.bytes != hi - lo:
+            raise CorruptCheckpoint(f"manifest: {name} range [{lo}, {hi}) does not continue the stream at {pos}")
+        pos = hi
+    if pos != stream:
+        raise CorruptCheckpoint(f"manifest: data files hold {pos} bytes, stream is {stream}")
+    end = 0
+    for i, t in enumerate(tensors):
+        _int(t.offset, f"tensor {i} offset")
+        if any(d < 0 for d in t.shape):
+            raise CorruptCheckpoint(f"manifest: tensor {i} has a negative dimension")
+        numel = 1
+        for d in t.shape:
+            numel *= d
+        if t.offset < end or numel * dtype_from_name(t.dtype).itemsize != t.nbytes or t.offset + t.nbytes > stream:
+            raise CorruptCheckpoint(f"manifest: tensor {i} ({t.dtype} {list(t.shape)} at {t.offset}) does not fit the stream")
+        end = t.offset + t.nbytes
+
 
 def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def write_manifest(path: str | os.PathLike[str], body: dict[str, Any]) -> None:
+def write_manifest(path: str | os.PathLike[str], manifest: Manifest) -> None:
     """Write and fsync a manifest (the caller makes it visible by renaming its directory)."""
+    body = manifest.to_body()
     data = json.dumps({"crc32": zlib.crc32(_canonical(body)), "body": body}, sort_keys=True).encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:])
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest body, or CorruptCheckpoint if it is missing, unparsable or fails its checksum."""
+def read_manifest(path: Path, file_name: str = "") -> Manifest:
+    """The checked manifest, or CorruptCheckpoint if it is missing, unparsable, fails its checksum
+    or describes an impossible layout. `file_name`: the file a sidecar ("file" kind) vouches for."""
     try:
         raw = json.loads(path.read_bytes())
     except FileNotFoundError:
@@ -254,7 +409,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise CorruptCheckpoint("manifest checksum mismatch")
     if body.get("format") != FORMAT or body.get("version") != VERSION:
         raise CorruptCheckpoint(f"not a {FORMAT} v{VERSION} manifest")
-    return body
+    return Manifest.from_body(body, file_name)
 
 
 def list_step_dirs(root: Path) -> list[tuple[int, Path]]:

@@ -11,6 +11,9 @@
   the sidecar (if there is one) and raises `CheckpointError` on a size or checksum mismatch.
 - Every other call (other paths, file objects, BytesIO) goes straight to torch.
 
+Temp files of writes that a kill interrupted (`.<name>.resctl-tmp-*`) are removed from the glob's
+directory at `install` and from any directory before the first write into it.
+
 The glob is matched (fnmatch) against the path as given and against its absolute form, so both
 `"checkpoints/*.pt"` and `"/fsx/run1/**"`-style globs work. Saves go through the checkpointer's
 single in-flight slot: a new save waits for the previous one, and a failed write raises on the
@@ -23,6 +26,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -32,9 +36,15 @@ import torch
 
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import state as st
-from resctl.checkpoint.engine import CheckpointError, Checkpointer
+from resctl.checkpoint.engine import Checkpointer
+from resctl.checkpoint.errors import CheckpointError
 
 SIDECAR_SUFFIX = ".resctl.json"
+TMP_MARK = ".resctl-tmp-"
+_cleaned_dirs: set[str] = set()
+# Temp files older than this process are leftovers of a killed one; newer ones may be another live
+# rank's write in progress (ranks of one job can save into one directory).
+_STARTED = time.time()
 _PLAIN = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
 _installed: tuple[Callable[..., Any], Callable[..., Any], str, Checkpointer] | None = None
@@ -51,6 +61,8 @@ def install(glob: str, checkpointer: Checkpointer | None = None) -> None:
         uninstall()
     orig_save, orig_load = torch.save, torch.load
     _installed = (orig_save, orig_load, glob, checkpointer)
+    if checkpointer.rank == 0:
+        remove_leftovers(Path(os.path.dirname(os.path.abspath(re.split(r"[*?\[]", glob)[0] + "x"))))
 
     def save(obj: object, f: Any, *args: Any, **kwargs: Any) -> None:
         path = _matching_path(f, glob)
@@ -88,18 +100,43 @@ def sidecar(path: Path) -> Path:
     return path.with_name(path.name + SIDECAR_SUFFIX)
 
 
+def remove_leftovers(directory: Path) -> int:
+    """Remove the temp files of interrupted intercepted writes in `directory` (once per process
+    and directory, before our first write there; only files older than this process); return how many."""
+    key = os.path.realpath(directory)
+    if key in _cleaned_dirs:
+        return 0
+    _cleaned_dirs.add(key)
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for entry in entries:
+        if entry.name.startswith(".") and TMP_MARK in entry.name and entry.is_file(follow_symlinks=False):
+            try:
+                if entry.stat().st_mtime >= _STARTED:
+                    continue
+                os.unlink(entry.path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def verify(path: Path) -> None:
     """Raise CheckpointError if `path` does not match its sidecar manifest (no sidecar: no check)."""
     try:
-        body = fmt.read_manifest(sidecar(path))
+        manifest = fmt.read_manifest(sidecar(path), path.name)
     except fmt.CorruptCheckpoint as err:
         if "no manifest" in str(err):
             return
         raise CheckpointError(f"{path}: {err}") from None
     if not path.exists():
         return
+    entry = manifest.files.get(path.name)
     size, crc = fmt.file_crc(path)
-    if size != body["bytes"] or crc != body["crc32"]:
+    if manifest.kind != "file" or entry is None or size != entry.bytes or crc != entry.crc32:
         raise CheckpointError(
             f"{path} does not match its manifest {sidecar(path).name} (corrupt or changed outside resctl); "
             "load an older checkpoint or delete both files"
@@ -162,8 +199,8 @@ def _save_path(
     kwargs: dict[str, Any],
 ) -> None:
     t0 = time.monotonic()
-    ckpt._beat(force=True)
-    waited = ckpt._wait_previous()
+    ckpt.beat(force=True)
+    waited = ckpt.wait_previous()
     snap = _snapshot(obj, orig_save, args, kwargs)
     staged_at = time.monotonic()
     step = _guess_step(obj)
@@ -171,12 +208,13 @@ def _save_path(
 
     def job() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(path.parent)
         tag = secrets.token_hex(4)
-        tmp = path.with_name(f".{path.name}.resctl-tmp-{tag}")
-        tmp_manifest = path.with_name(f".{path.name}.resctl-tmp-{tag}.json")
+        tmp = path.with_name(f".{path.name}{TMP_MARK}{tag}")
+        tmp_manifest = path.with_name(f".{path.name}{TMP_MARK}{tag}.json")
         try:
             if isinstance(snap, bytes):
-                size, crc = fmt.write_file(tmp, [memoryview(snap)], ckpt._tick)
+                size, crc = fmt.write_file(tmp, [memoryview(snap)], ckpt.tick)
             else:
                 with open(tmp, "wb") as fh:
                     orig_save(snap, fh, *args, **kwargs)
@@ -185,9 +223,9 @@ def _save_path(
                 size, crc = fmt.file_crc(tmp)  # just written: read back from the page cache
             if fail is not None:
                 raise RuntimeError(fail)
-            body = {"format": fmt.FORMAT, "version": fmt.VERSION, "kind": "file", "step": step,
-                    "created": time.time(), "bytes": size, "crc32": crc}
-            fmt.write_manifest(tmp_manifest, body)
+            manifest = fmt.Manifest("file", step, {path.name: fmt.FileEntry(size, crc)}, created=time.time(),
+                                    run_id=ckpt.run_id)
+            fmt.write_manifest(tmp_manifest, manifest)
             # An old sidecar must not vouch for the new file, even for an instant.
             try:
                 os.unlink(sidecar(path))
@@ -209,7 +247,7 @@ def _save_path(
     ckpt.submit(job, step, path)
     ckpt.events.emit("ckpt_stall", step=step, seconds=round(time.monotonic() - t0, 6), waited=round(waited, 6),
                      path=str(path))
-    ckpt._beat(force=True)
+    ckpt.beat(force=True)
 
 
-__all__ = ["install", "uninstall", "verify", "sidecar"]
+__all__ = ["install", "uninstall", "verify", "sidecar", "remove_leftovers"]

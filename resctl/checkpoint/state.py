@@ -76,8 +76,27 @@ def flatten(
     return obj
 
 
+def is_placeholder(obj: Any) -> bool:
+    return isinstance(obj, tuple) and len(obj) == 2 and obj[0] == TENSOR_MARK and isinstance(obj[1], int)
+
+
+def placeholder_indices(obj: Any) -> list[int]:
+    """Every tensor index a saved structure refers to."""
+    found: list[int] = []
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if is_placeholder(cur):
+            found.append(cur[1])
+        elif isinstance(cur, Mapping):
+            stack.extend(cur.values())
+        elif isinstance(cur, (list, tuple)):
+            stack.extend(cur)
+    return found
+
+
 def unflatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == TENSOR_MARK and isinstance(obj[1], int):
+    if is_placeholder(obj):
         return tensors[obj[1]]
     if isinstance(obj, Mapping):
         out = OrderedDict() if isinstance(obj, OrderedDict) else {}

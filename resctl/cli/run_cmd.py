@@ -108,5 +108,8 @@ def run(
 
         render(launch_plan)
         return
+    from resctl.checkpoint.owner import check_free
+
+    check_free(resolved.profile.checkpoint.dir)  # another live job writes there: CheckpointDirInUse, exit 2
     code = execute.run(launch_plan, on_event=info)
     raise typer.Exit(code)

@@ -164,6 +164,10 @@ class Checkpoint(Section):
         description="Overwrite a pruned checkpoint's files in place for the next write instead of deleting them "
         "(no TRIM wait on disks mounted with discard, no new blocks); false: delete.",
     )
+    max_failed_saves: int = Field(
+        3, ge=1, description="A failed checkpoint write (full disk, I/O error, permissions) is reported and retried at "
+        "the next interval; this many failures in a row stop the job with their cause (1: stop at the first).",
+    )
     intercept_torch_save: str = Field(
         "", description="Glob of paths whose torch.save becomes an async atomic save (zero-edit checkpointing)."
     )

@@ -88,6 +88,19 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("ckpt_skip", "load passed over a checkpoint it could not use", (
         _STEP_OPT,
         Field("reason", "str", "", "why it was skipped"),
+        Field("quarantined", "str", "", "where the damaged checkpoint was moved (null: left in place)",
+              optional=True),
+    ), "resctl.checkpoint.engine"),
+    Kind("ckpt_fail", "a checkpoint write failed (retried at the next interval)", (
+        _STEP_OPT,
+        Field("error", "str", "", "the error"),
+        Field("consecutive", "int", "", "failed saves in a row, this one included"),
+        Field("limit", "int", "", "checkpoint.max_failed_saves: the job stops when consecutive reaches it"),
+    ), "resctl.checkpoint.engine"),
+    Kind("ckpt_other_run", "load resumed from a checkpoint another run wrote", (
+        _STEP_OPT,
+        Field("run_id", "str", "", "the run that wrote it", optional=True),
+        Field("path", "str", "", "the checkpoint directory"),
     ), "resctl.checkpoint.engine"),
     Kind("snapshot", "the script's own torch.save to a file returned (zero-edit snapshot)", (
         Field("step", "int", "step", "optimizer steps made when torch.save was called", optional=True),

@@ -1,10 +1,14 @@
-"""SIGKILL a process while it writes checkpoints, 20 times: the newest complete checkpoint must
-always load, and its contents must be self-consistent (every value belongs to the same step)."""
+"""SIGKILL a process while it writes checkpoints, 40 times: the newest complete checkpoint must
+always load, and its contents must be self-consistent (every value belongs to the same step).
+Every step the child saves twice: through the engine (`Checkpointer.save`) and through an
+intercepted `torch.save` of a snapshot file, so kills land in both writers; after each restart at
+most one temp file may be left (the kills' leftovers are removed at the next start)."""
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from resctl.checkpoint import engine, intercept
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint.engine import Checkpointer
 
@@ -24,9 +29,9 @@ CHILD = textwrap.dedent(
     import sys, warnings
     warnings.filterwarnings("ignore")
     import torch
-    from resctl.checkpoint import Checkpointer
+    from resctl.checkpoint import Checkpointer, intercept
 
-    root, async_ = sys.argv[1], sys.argv[2] == "1"
+    root, async_, snap = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
     ck = Checkpointer(dir=root, async_=async_, keep_last=2, writers=4, rank=0, world_size=1)
     model = torch.nn.Linear(256, 256)
     state = {
@@ -36,6 +41,7 @@ CHILD = textwrap.dedent(
         "info": {"step": 0},
     }
     step = ck.load(state)
+    intercept.install(snap.rsplit("/", 1)[0] + "/*.pt", ck)
     print("up", step, flush=True)
     while True:
         step += 1
@@ -46,14 +52,22 @@ CHILD = textwrap.dedent(
         state["b"].fill_(step)
         state["info"] = {"step": step}
         ck.save(state, step)
+        torch.save({"step": step, "a": state["a"]}, snap)
     """
 )
 
 
-def _check(root: Path) -> int:
+def _check(root: Path, scratch: Path) -> int:
+    """Load the newest checkpoint from a copy of the step directories (so the leftovers stay for
+    the next child to clean up) and check that every value belongs to its step."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    for _, path in fmt.list_step_dirs(root):
+        shutil.copytree(path, scratch / path.name)
     model = torch.nn.Linear(256, 256)
     state: dict[str, Any] = {"model": model, "a": None, "b": None, "info": None}
-    step = Checkpointer(dir=root, rank=0, world_size=1).load(state)
+    step = Checkpointer(dir=scratch, rank=0, world_size=1, exclusive=False).load(state)
+    assert not (scratch / ".quarantine").exists(), "a published checkpoint was damaged"
     if step == 0:
         return 0
     assert state["info"] == {"step": step}
@@ -64,20 +78,43 @@ def _check(root: Path) -> int:
     return step
 
 
+def _check_snapshot(snap: Path) -> int:
+    """The intercepted torch.save file: absent, or complete, matching its sidecar, one step."""
+    if not snap.exists():
+        return 0
+    intercept.verify(snap)
+    obj = torch.load(snap, weights_only=True)
+    assert torch.equal(obj["a"], torch.full((1 << 20,), float(obj["step"])))
+    return int(obj["step"])
+
+
+def _leftovers(root: Path, snap_dir: Path) -> list[str]:
+    found = [e.name for e in os.scandir(root) if e.name.startswith(engine.LEFTOVERS)] if root.exists() else []
+    found += [e.name for e in os.scandir(snap_dir) if intercept.TMP_MARK in e.name]
+    return found
+
+
+KILLS = int(os.environ.get("RESCTL_KILLS", "40"))
+
+
 @pytest.mark.slow
 def test_sigkill_during_writes_never_leaves_a_loadable_torn_checkpoint(tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     root = tmp_path / "ck"
+    snap_dir = tmp_path / "snap"
+    snap_dir.mkdir()
+    snap = snap_dir / "snapshot.pt"
     repo = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESCTL_")}
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH", "")])), OMP_NUM_THREADS="1")
     rng = random.Random(1234)
-    last = 0
-    torn = 0  # kills that left a write behind (reported, not asserted: it depends on timing)
-    for i in range(20):
+    last = last_snap = 0
+    torn = 0  # kills that left a temp file or directory behind (reported: it depends on timing)
+    after_start = []  # leftovers seen once the next child is up (its load and install have run)
+    for i in range(KILLS):
         child = subprocess.Popen(
-            [sys.executable, str(script), str(root), "1" if i % 2 == 0 else "0"],
+            [sys.executable, str(script), str(root), "1" if i % 2 == 0 else "0", str(snap)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         try:
@@ -85,16 +122,22 @@ def test_sigkill_during_writes_never_leaves_a_loadable_torn_checkpoint(tmp_path:
             line = child.stdout.readline()
             assert line.startswith("up "), child.stderr.read() if child.stderr else line
             assert int(line.split()[1]) == last  # the child resumed from what we verified
+            after_start.append(len(_leftovers(root, snap_dir)))
             time.sleep(rng.uniform(0.0, 0.8))
         finally:
             os.kill(child.pid, signal.SIGKILL)
             child.wait()
-        torn += any(e.name.startswith(".tmp-") for e in os.scandir(root)) if root.exists() else 0
-        step = _check(root)
+        torn += bool(_leftovers(root, snap_dir))
+        step = _check(root, tmp_path / "scratch")
         # A newer checkpoint only replaces older ones once complete: progress never goes back.
         assert step >= last
         last = step
+        snap_step = _check_snapshot(snap)
+        assert snap_step >= last_snap
+        last_snap = snap_step
         visible = fmt.list_step_dirs(root)
         assert len([s for s, p in visible if (p / fmt.MANIFEST).exists()]) <= 3
-    assert last > 0
-    print(f"20 kills, {torn} of them during a write; newest step loaded: {last}")
+    assert last > 0 and last_snap > 0
+    assert max(after_start) <= 1, after_start
+    print(f"{KILLS} kills, {torn} left a temp file or dir; after the next start: max {max(after_start)} "
+          f"(total {sum(after_start)}); newest step loaded: {last}, snapshot step {last_snap}")

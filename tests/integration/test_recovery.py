@@ -46,7 +46,9 @@ def job(tmp: Path, name: str, nproc: int, *, inprocess: bool = False, sets: tupl
                  # The launcher's hang detection: well above a step, below the test's patience; with
                  # in-process on it must also exceed soft_timeout plus an in-process restart.
                  f"heartbeat.timeout={'12s' if inprocess else '4s'}", "heartbeat.check_interval=1s",
-                 "launch.max_restarts=6", *sets]
+                 "launch.max_restarts=6",
+                 # The checkpoint_exception drill is meant to restart the job: stop at the first failed write.
+                 "checkpoint.max_failed_saves=1", *sets]
     if inprocess:
         # The default min_world_size (every rank) hands a lost rank over to the launcher: a shrunken
         # world would change the arithmetic.

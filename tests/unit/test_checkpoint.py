@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zlib
@@ -54,6 +55,10 @@ def _assert_same(a: Any, b: Any) -> None:
             _assert_same(x, y)
     else:
         assert a == b
+
+
+def _visible(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
 
 
 def _ckpt(tmp_path: Path, **kw: Any) -> Checkpointer:
@@ -192,10 +197,10 @@ def test_pickled_object_in_checkpoint_is_skipped(tmp_path: Path) -> None:
     buf = io.BytesIO()
     torch.save({"step": 2, "entries": {"x": Evil(str(marker))}, "stateful": []}, buf)
     (step2 / fmt.META).write_bytes(buf.getvalue())
-    body = fmt.read_manifest(step2 / fmt.MANIFEST)
-    body["files"][fmt.META] = {"bytes": len(buf.getvalue()), "crc32": zlib.crc32(buf.getvalue())}
+    manifest = fmt.read_manifest(step2 / fmt.MANIFEST)
+    files = {**manifest.files, fmt.META: fmt.FileEntry(len(buf.getvalue()), zlib.crc32(buf.getvalue()))}
     os.unlink(step2 / fmt.MANIFEST)
-    fmt.write_manifest(step2 / fmt.MANIFEST, body)
+    fmt.write_manifest(step2 / fmt.MANIFEST, dataclasses.replace(manifest, files=files))
 
     state: dict[str, Any] = {"x": None}
     assert ck.load(state) == 1
@@ -204,7 +209,7 @@ def test_pickled_object_in_checkpoint_is_skipped(tmp_path: Path) -> None:
 
 
 def test_writer_exception_surfaces_and_leaves_nothing_visible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ck = _ckpt(tmp_path, keep_last=5)
+    ck = _ckpt(tmp_path, keep_last=5, max_failed_saves=1)
     ck.save({"x": torch.ones(10)}, 1)
     ck.wait()
 
@@ -220,7 +225,7 @@ def test_writer_exception_surfaces_and_leaves_nothing_visible(tmp_path: Path, mo
     with pytest.raises(CheckpointError, match="step 2 failed"):
         ck.wait()
     root = tmp_path / "ck"
-    assert sorted(p.name for p in root.iterdir()) == ["step-000000001"]
+    assert _visible(root) == ["step-000000001"]
 
     # Sync mode raises from save() itself; a later save works again.
     ck.async_ = False
@@ -235,7 +240,7 @@ def test_writer_exception_surfaces_and_leaves_nothing_visible(tmp_path: Path, mo
 
 
 def test_error_surfaces_on_next_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ck = _ckpt(tmp_path)
+    ck = _ckpt(tmp_path, max_failed_saves=1)
 
     def failing(path: Path, data: memoryview, tick: Any) -> tuple[int, int]:
         raise RuntimeError("boom")
@@ -268,7 +273,7 @@ def test_maybe_save_and_save_final(tmp_path: Path) -> None:
         saved.append(ck.maybe_save(state, step))
     assert saved == [False, False, False, False, True, False, False]
     assert ck.save_final() == 7
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-000000005", "step-000000007"]
+    assert _visible(tmp_path / "ck") == ["step-000000005", "step-000000007"]
     assert ck.save_final() == 7  # nothing new: no second write
     stalls = [e for e in read_events(run) if e["kind"] == "ckpt_stall"]
     assert [e["step"] for e in stalls] == [5, 7] and all("waited" in e for e in stalls)
@@ -282,7 +287,7 @@ def test_same_step_saved_twice_replaces(tmp_path: Path) -> None:
     ck.wait()
     state: dict[str, Any] = {"x": None}
     assert ck.load(state) == 3 and torch.equal(state["x"], torch.ones(3) * 5)
-    assert [p.name for p in (tmp_path / "ck").iterdir()] == ["step-000000003"]
+    assert _visible(tmp_path / "ck") == ["step-000000003"]
 
 
 def test_nonzero_rank_of_replicated_state_writes_nothing(tmp_path: Path) -> None:
@@ -321,17 +326,17 @@ def test_from_section(tmp_path: Path) -> None:
 
 
 def test_fail_next_write_drill(tmp_path: Path) -> None:
-    ck = _ckpt(tmp_path, keep_last=5)
+    ck = _ckpt(tmp_path, keep_last=5, max_failed_saves=1)
     ck.save({"x": torch.ones(4)}, 1)
     ck.fail_next_write("drill: write failure at step 2")
     ck.save({"x": torch.ones(4) * 2}, 2)
     with pytest.raises(CheckpointError, match="drill"):
         ck.save({"x": torch.ones(4) * 3}, 3)  # the failure surfaces here, before step 3 is staged
     ck.wait()
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-000000001"]
+    assert _visible(tmp_path / "ck") == ["step-000000001"]
     ck.save({"x": torch.ones(4) * 3}, 3)
     ck.wait()
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-000000001", "step-000000003"]
+    assert _visible(tmp_path / "ck") == ["step-000000001", "step-000000003"]
 
 
 def test_request_final_save_at_next_step_boundary(tmp_path: Path) -> None:
@@ -348,7 +353,8 @@ def test_request_final_save_at_next_step_boundary(tmp_path: Path) -> None:
 
 
 def _hidden(root: Path, prefix: str) -> list[str]:
-    return sorted(e.name for e in os.scandir(root) if e.name.startswith(prefix))
+    """Hidden entries left by the engine (the ownership lock file is meant to stay)."""
+    return sorted(e.name for e in os.scandir(root) if e.name.startswith(prefix) and e.name != ".resctl-owner")
 
 
 def test_pruned_files_are_recycled_by_the_next_write(tmp_path: Path) -> None:

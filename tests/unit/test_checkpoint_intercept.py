@@ -85,6 +85,7 @@ def test_corrupt_file_detected_on_load(tmp_path: Path, ckpt: Checkpointer) -> No
 def test_writer_failure_surfaces_and_file_not_visible(
     tmp_path: Path, ckpt: Checkpointer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    ckpt.max_failed_saves = 1
     intercept.install(str(tmp_path / "*.pt"), ckpt)
     target = tmp_path / "c.pt"
 

@@ -42,7 +42,10 @@ WORKER = textwrap.dedent(
         assert torch.equal(local, (full * 2)[rank * 4:(rank + 1) * 4]), local
     dist.barrier()
     dist.destroy_process_group()
-    print("ok", rank, phase)
+    print("ok", rank, phase, flush=True)
+    # Skip interpreter teardown: once rank 0 (the TCPStore host) is gone, a late store call from
+    # c10d's teardown on rank 1 sometimes aborts ("terminate called without an active exception").
+    os._exit(0)
     """
 )
 
@@ -82,5 +85,5 @@ def test_dtensor_state_saves_per_rank_and_loads(tmp_path: Path) -> None:
     names = {p.name for p in step_dir.iterdir()}
     # Each rank wrote its own shard file; nothing was gathered on rank 0.
     assert {"manifest.json", "meta.pt", ".metadata", "__0_0.distcp", "__1_0.distcp"} <= names, names
-    assert sorted(p.name for p in root.iterdir()) == ["step-000000001", "step-000000002"]
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["step-000000001", "step-000000002"]
     _run(script, root, "load")
