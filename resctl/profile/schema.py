@@ -128,6 +128,11 @@ class InProcess(Section):
         None, ge=1, description="Fewest ranks an in-process restart may continue with; empty: every rank (a lost "
         "rank falls through to the launcher). A smaller value is announced and recorded as an event.",
     )
+    fresh_state: bool = Field(
+        True, description="Before each in-process restart, put back the process state a new worker starts with "
+        "(global RNGs, CUDA generators, DTensor's RNG tracker, TorchDynamo caches), so a restart is exact; "
+        "false only to diagnose (docs/recovery.md).",
+    )
     health_check: bool = Field(True, description="Run NVRx's CUDA health check between iterations (skipped without CUDA).")
 
     @model_validator(mode="after")

@@ -254,7 +254,7 @@ def run_wrapped(shim: RestartHost, target: Target) -> None:
     sockets = GlooSockets()
     announce_world(shim)
     wrapper = build_wrapper(shim, wrapper_store_port(app, rank, shim.cycle), sockets)
-    fresh = FreshState.capture()
+    fresh = FreshState.capture() if shim.profile.inprocess.fresh_state else None
     patches = Patches("inprocess")
     patched_init = sockets.track(dist.init_process_group)
     patches.set(dist, "new_group", sockets.track(dist.new_group))
@@ -280,7 +280,8 @@ def run_wrapped(shim: RestartHost, target: Target) -> None:
             world = int(os.environ.get("WORLD_SIZE", shim.world_size))
             shim.events.emit("restart", layer="inprocess", step=shim.step, world_size=world)
             shim.settle_checkpoint()
-            fresh.restore()
+            if fresh is not None:
+                fresh.restore()
         try:
             run_target(target)
         except SystemExit as exit_:
