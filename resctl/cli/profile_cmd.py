@@ -61,8 +61,10 @@ def init(
 
 @app.command("validate", epilog="Example: resctl profile validate examples/profiles/eks-p5.toml")
 def validate(path: Annotated[Path, typer.Argument(help="Profile file to check.")]) -> None:
-    """Check a profile file (no environment or flags applied); exit 2 with every problem found."""
+    """Check a profile file with every rule `resctl run` applies (no environment or flags); exit 2 with every problem."""
+    from resctl.launch.execute import nvrx_version
     from resctl.profile.load import resolve
 
-    resolve(path, use_env=False)
+    resolved = resolve(path, use_env=False)
+    nvrx_version(resolved)  # the launcher's own rules (restart policy of the NVRx version), as `run` checks them
     info(f"{path}: ok")

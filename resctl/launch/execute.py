@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from resctl.errors import LaunchError
 from resctl.launch import rendezvous
-from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan
+from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan, restart_policy
 from resctl.profile.load import Layer, Resolved, resolve
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
@@ -34,11 +34,19 @@ def installed_nvrx() -> str:
         ) from None
 
 
+def nvrx_version(resolved: Resolved) -> str:
+    """The NVRx version the plan is for, checked against the profile (what `profile validate` runs too)."""
+    launch = resolved.profile.launch
+    version = installed_nvrx() if launch.nvrx_version == "auto" else launch.nvrx_version
+    restart_policy(resolved, version)
+    return version
+
+
 def prepare(profile: Path | None, flags: Layer, sets: Sequence[str], target: Target) -> tuple[Resolved, LaunchPlan]:
     """Resolve the profile, find the rendezvous and plan the launcher command."""
     resolved = resolve(profile, flags=flags, sets=sets)
     launch = resolved.profile.launch
-    version = installed_nvrx() if launch.nvrx_version == "auto" else launch.nvrx_version
+    version = nvrx_version(resolved)
     rdzv = rendezvous.detect(launch, os.environ, socket.gethostname())
     return resolved, plan(resolved, target, rdzv, version, user_env=os.environ, cwd=Path.cwd())
 

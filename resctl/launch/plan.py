@@ -66,6 +66,26 @@ def redact(name: str, value: str) -> str:
     return "<redacted>" if SECRET.search(name) else value
 
 
+def restart_policy(resolved: Resolved, nvrx_version: str) -> tuple[str, str]:
+    """The --ft-restart-policy for this NVRx version and where it came from; UsageError if it cannot take it.
+
+    `resctl profile validate` calls this too, with the installed NVRx, so it refuses what `run` refuses.
+    """
+    launch, inproc = resolved.profile.launch, resolved.profile.inprocess
+    series = nvrx_flags.series_for(nvrx_version)
+    traits = nvrx_flags.SERIES[series]
+    policy, source = launch.restart_policy, resolved.source("launch.restart_policy")
+    if policy == "auto":
+        policy = "min-healthy" if (inproc.enabled and traits.has_min_healthy) else "any-failed"
+        source = f"auto (NVRx {series}, inprocess.enabled={str(inproc.enabled).lower()})"
+    if policy == "min-healthy" and not traits.has_min_healthy:
+        raise UsageError(
+            f"launch.restart_policy = \"min-healthy\" ({resolved.source('launch.restart_policy')}) is not accepted "
+            f"by NVRx {nvrx_version} (removed in 0.6). Use \"any-failed\" or \"auto\"."
+        )
+    return policy, source
+
+
 def _seconds(value: float) -> str:
     return f"{value:g}"
 
@@ -162,16 +182,7 @@ def plan(
     add("--ft-log-level", hb.log_level, "heartbeat.log_level")
     add("--ft-enable-nic-monitor", "true" if hb.nic_monitor else "false", "heartbeat.nic_monitor")
 
-    policy = launch.restart_policy
-    policy_source = src("launch.restart_policy")
-    if policy == "auto":
-        policy = "min-healthy" if (inproc.enabled and traits.has_min_healthy) else "any-failed"
-        policy_source = f"auto (NVRx {series}, inprocess.enabled={str(inproc.enabled).lower()})"
-    if policy == "min-healthy" and not traits.has_min_healthy:
-        raise UsageError(
-            f"launch.restart_policy = \"min-healthy\" ({src('launch.restart_policy')}) is not accepted by "
-            f"NVRx {nvrx_version} (removed in 0.6). Use \"any-failed\" or \"auto\"."
-        )
+    policy, policy_source = restart_policy(resolved, nvrx_version)
     add("--ft-restart-policy", policy, "launch.restart_policy", policy_source)
 
     # What the workers run.

@@ -84,8 +84,8 @@ def parse_value(text: str) -> Any:
     """A TOML value (`8`, `true`, `"x"`, `[1, 2]`, `{a = 1}`); anything else is kept as a plain string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return text  # too deeply nested for TOML: as a string, the schema refuses it with the key named
 
 
 def file_layer(path: Path) -> tuple[Layer, list[Problem]]:
@@ -98,6 +98,9 @@ def file_layer(path: Path) -> tuple[Layer, list[Problem]]:
         return Layer(label), [Problem(label, "", f"cannot read the profile: {err}")]
     except tomllib.TOMLDecodeError as err:
         return Layer(label), [Problem(label, "", f"not valid TOML: {err}", fix="fix the syntax at the line and column shown")]
+    except RecursionError:
+        return Layer(label), [Problem(label, "", "nested too deeply to read (arrays or tables inside each other "
+                                      "hundreds of levels deep)", fix="no resctl key takes nested values; remove them")]
     layer, problems = Layer(label), []
     known = keys()
     for section, table in data.items():

@@ -1,0 +1,48 @@
+"""Drive `resctl` in-process (its real `main()`, typer and rendering included): fast enough for fuzzing."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+from unittest import mock
+
+from resctl.cli import main
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+    crash: str = ""  # the traceback of an exception that escaped main(): always a defect
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+def invoke(args: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None) -> Result:
+    """Run `resctl ARGS` in this process with only `env`'s RESCTL_* variables, in `cwd`."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RESCTL_")}
+    out, err = io.StringIO(), io.StringIO()
+    code, crash = 0, ""
+    old_cwd = os.getcwd()
+    with mock.patch.dict(os.environ, {**clean, "COLUMNS": "200", **(env or {})}, clear=True), \
+            mock.patch.object(sys, "argv", ["resctl", *args]), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        os.chdir(cwd)
+        try:
+            main()
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except BaseException:  # noqa: BLE001 - what escapes main() is exactly what the tests look for
+            code, crash = 1, traceback.format_exc()
+        finally:
+            os.chdir(old_cwd)
+    return Result(code, out.getvalue(), err.getvalue(), crash)
