@@ -31,16 +31,22 @@ def show(
     from resctl.profile.schema import keys
     from resctl.profile.render import show_value
 
+    from resctl.redact import redact_rdzv_conf, redact_value
+
     resolved = resolve(profile, sets=set_ or [])
     dumped = resolved.profile.model_dump(mode="json", by_alias=True)
+    # Secrets stay off the screen: [launch.env] by name and shape, rdzv_conf values unless known harmless.
+    dumped["launch"]["env"] = redact_value("env", dumped["launch"]["env"])
+    dumped["launch"]["rdzv_conf"] = redact_rdzv_conf(dumped["launch"]["rdzv_conf"])
     if as_json:
         typer.echo(json.dumps({"file": str(resolved.file) if resolved.file else None, "profile": dumped,
                                "sources": {k: resolved.source(k) for k in keys()}}, indent=2))
         return
     table = Table("key", "value", "source", title=f"profile: {resolved.file or 'built-in defaults'}")
     for dotted, (section, fld) in keys().items():
-        table.add_row(dotted, show_value(section, fld, getattr(getattr(resolved.profile, section), fld)),
-                      resolved.source(dotted))
+        value = dumped[section][dotted.split(".", 1)[1]] if fld in ("env", "rdzv_conf") and section == "launch" \
+            else getattr(getattr(resolved.profile, section), fld)
+        table.add_row(dotted, show_value(section, fld, value), resolved.source(dotted))
     out_console.print(table)
 
 

@@ -29,13 +29,9 @@ def load_analysis(run_dir: Path) -> Any:
     if not any(run_dir.glob(EVENTS_GLOB)):
         raise UsageError(f"{run_dir}: no events-rank*.jsonl files: not a resctl run directory, or the workers "
                          "never started (check the launcher log)")
-    plan = None
-    plan_file = run_dir / "plan.json"
-    if plan_file.is_file():
-        try:
-            plan = json.loads(plan_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            plan = None  # the events alone are enough; the interval is then inferred from them
+    from resctl.launch.plan import PLAN_FILE, read_plan
+
+    plan = read_plan(run_dir / PLAN_FILE)  # None when absent or damaged: the events alone are enough
     try:
         events = list(read_events(run_dir))
     except (OSError, UnicodeDecodeError) as err:

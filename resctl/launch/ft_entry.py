@@ -55,6 +55,9 @@ def main() -> None:
     import os
 
     apply_adapters()
+    from resctl.launch.launcher_logs import install  # issue 12: no secrets or stop tracebacks in its log
+
+    install()
     if os.environ.get("RESCTL_PRELOAD") == "1":
         preload()
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as launcher_main

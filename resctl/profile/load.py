@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from resctl.errors import Problem, ProfileError
 from resctl.profile.schema import SECTIONS, Profile, env_name, is_duration, key_name, keys
+from resctl.redact import redact_rdzv_conf, redact_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +35,7 @@ else:  # pragma: no cover
 DEFAULT_FILE = "resctl.toml"
 DEFAULT_SOURCE = "default"
 # RESCTL_* variables that are not profile keys: resctl's own switches and the plan it hands workers.
+SECRET_BEARING = ("launch.env", "launch.rdzv_conf")  # values never shown in clear, whatever their names
 RESERVED_ENV = {"RESCTL_DEBUG", "RESCTL_PROFILE", "RESCTL_FAULTS", "RESCTL_PLAN", "RESCTL_RUN_DIR", "RESCTL_PRELOAD"}
 
 
@@ -66,6 +68,7 @@ def _suggest(name: str, choices: Sequence[str]) -> str:
 
 
 def _unknown_key(source: str, dotted: str, value: Any = None) -> Problem:
+    value = redact_value(dotted, value)
     section = dotted.split(".", 1)[0]
     if section not in SECTIONS:
         hint = _suggest(section, list(SECTIONS))
@@ -210,12 +213,7 @@ def resolve(
     layers.append(layer)
     problems += found
 
-    merged: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for layer in layers:
-        for dotted, value in layer.values.items():
-            merged[dotted] = value
-            sources[dotted] = layer.label(dotted)
+    merged, sources = _merge(layers)
     nested: dict[str, dict[str, Any]] = {}
     for dotted, value in merged.items():
         section, key = dotted.split(".", 1)
@@ -229,6 +227,28 @@ def resolve(
     return Resolved(profile, sources, path)
 
 
+def _merge(layers: Sequence[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Flat values and their sources, higher layers winning. Tables merge name by name (RESCTL_LAUNCH_ENV adds
+    to the profile's [launch.env] rather than replacing it); the source then lists every layer that took part."""
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for layer in layers:
+        for dotted, value in layer.values.items():
+            below = merged.get(dotted)
+            if isinstance(below, dict) and isinstance(value, dict) and _is_table(dotted):
+                merged[dotted] = {**below, **value}
+                sources[dotted] = f"{sources[dotted]} + {layer.label(dotted)}"
+            else:
+                merged[dotted] = value
+                sources[dotted] = layer.label(dotted)
+    return merged, sources
+
+
+def _is_table(dotted: str) -> bool:
+    section, fld = keys()[dotted]
+    return str(SECTIONS[section].model_fields[fld].annotation).startswith(("dict", "typing.Annotated[dict"))
+
+
 def _problem(error: Mapping[str, Any], merged: Mapping[str, Any], sources: Mapping[str, str]) -> Problem:
     loc = [str(part) for part in error["loc"]]
     message = str(error["msg"]).removeprefix("Value error, ")
@@ -240,8 +260,10 @@ def _problem(error: Mapping[str, Any], merged: Mapping[str, Any], sources: Mappi
         if len(loc) > 2:
             dotted += "[" + "].[".join(loc[2:]) + "]"
         base = f"{section}.{key_name(section, fld)}" if fld in model.model_fields else dotted
-        return Problem(sources.get(base, DEFAULT_SOURCE), dotted, message, merged.get(base, error.get("input")),
-                       _fix(section, fld, error))
+        shown = redact_value(dotted, merged.get(base, error.get("input")))
+        if base in SECRET_BEARING:
+            shown = redact_rdzv_conf(shown) if base == "launch.rdzv_conf" and isinstance(shown, dict) else shown
+        return Problem(sources.get(base, DEFAULT_SOURCE), dotted, message, shown, _fix(section, fld, error))
     # A check across keys (a model validator): name every key that took part and its source.
     section = loc[0] if loc else ""
     involved = sorted({src for dotted, src in sources.items() if not section or dotted.startswith(section + ".")})

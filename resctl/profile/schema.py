@@ -133,6 +133,16 @@ def _check_path(value: str) -> str:
     return value
 
 
+def _check_addr(value: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value.strip())
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address; use 0.0.0.0 (all interfaces), :: or 127.0.0.1") from None
+    return value.strip()
+
+
 def _check_env(value: dict[str, str]) -> dict[str, str]:
     for name, text in value.items():
         if not name or "=" in name or "\x00" in name:
@@ -220,7 +230,13 @@ class Launch(Section):
         default_factory=dict, description="Environment for the launcher and every worker (e.g. FI_PROVIDER = \"efa\")."
     )
     metrics_port: Optional[int] = Field(
-        None, ge=0, le=65535, description="Serve Prometheus metrics of the run on this port (resctl run process)."
+        None, ge=0, le=65535,
+        description="Serve Prometheus metrics of the run on this port (resctl run process); 0 picks a free port.",
+    )
+    metrics_addr: Annotated[str, AfterValidator(_check_addr)] = Field(
+        "0.0.0.0",
+        description="Address the metrics endpoint listens on: 0.0.0.0 (every IPv4 interface, so a pod's Prometheus "
+        "scrape of the pod IP reaches it), :: for IPv6, 127.0.0.1 to keep it on the node (docs/security.md).",
     )
     use_shim: bool = Field(True, description="Start workers through resctl.shim (heartbeats, checkpoints, restarts).")
     nvrx_version: Annotated[str, AfterValidator(_check_version)] = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
