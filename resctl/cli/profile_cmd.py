@@ -34,6 +34,7 @@ def show(
     from resctl.redact import redact_rdzv_conf, redact_value
 
     resolved = resolve(profile, sets=set_ or [])
+    info(resolved.loaded())
     dumped = resolved.profile.model_dump(mode="json", by_alias=True)
     # Secrets stay off the screen: [launch.env] by name and shape, rdzv_conf values unless known harmless.
     dumped["launch"]["env"] = redact_value("env", dumped["launch"]["env"])

@@ -101,6 +101,7 @@ def run(
                          "check the path, or pass -m for a module")
     target = Target(script, tuple(script_args or ()), module=module, no_python=no_python)
     resolved, launch_plan = execute.prepare(profile, flags, set_ or [], target)
+    info(resolved.loaded())
     if preflight and not dry_run:
         from resctl.cli.doctor_cmd import preflight_check
 

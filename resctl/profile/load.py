@@ -3,7 +3,8 @@
 Precedence, lowest to highest (a higher layer never loses to a lower one):
 
 1. built-in defaults (the schema),
-2. the profile file (`-p FILE`, else `resctl.toml` in the working directory when present),
+2. the profile file (`-p FILE`, else `RESCTL_PROFILE`, else `resctl.toml` in the working directory when
+   present, announced on stderr, and refused when another user owns it or anyone may write it),
 3. `RESCTL_<SECTION>_<KEY>` environment variables (and `RESCTL_FAULTS`),
 4. command-line flags (`--nproc-per-node 8`, ...),
 5. `--set section.key=value` overrides, in the order given.
@@ -57,6 +58,14 @@ class Resolved:
     profile: Profile
     sources: dict[str, str]
     file: Path | None
+    how: str = ""  # how the file was chosen: "-p", "env RESCTL_PROFILE", "working directory"
+
+    def loaded(self) -> str:
+        """One line saying which profile file was loaded, for stderr."""
+        if self.file is None:
+            return "resctl: no profile file: built-in defaults (-p FILE to use one)"
+        where = {"-p": "from -p", "working directory": "found in the working directory; -p FILE to choose another"}
+        return f"resctl: profile {self.file.resolve()} ({where.get(self.how, 'from ' + self.how)})"
 
     def source(self, dotted: str) -> str:
         return self.sources.get(dotted, DEFAULT_SOURCE)
@@ -175,13 +184,32 @@ def set_layer(assignments: Sequence[str]) -> tuple[Layer, list[Problem]]:
     return layer, problems
 
 
-def find_file(explicit: str | os.PathLike[str] | None, cwd: Path, env: Mapping[str, str]) -> Path | None:
+def find_file(explicit: str | os.PathLike[str] | None, cwd: Path, env: Mapping[str, str]) -> tuple[Path | None, str]:
+    """The profile file to load and how it was chosen: "-p", "env RESCTL_PROFILE" or "working directory"."""
     if explicit:
-        return Path(explicit)
+        return Path(explicit), "-p"
     if env.get("RESCTL_PROFILE"):
-        return Path(env["RESCTL_PROFILE"])
+        return Path(env["RESCTL_PROFILE"]), "env RESCTL_PROFILE"
     candidate = cwd / DEFAULT_FILE
-    return candidate if candidate.is_file() else None
+    return (candidate, "working directory") if candidate.is_file() else (None, "")
+
+
+def untrusted(path: Path) -> str:
+    """Why a working directory's resctl.toml must not be loaded unasked ("" when it may be).
+
+    A profile can run code in the launcher (launch.env.PYTHONPATH, LD_PRELOAD): one that another user
+    could have written, in a shared or world-writable directory such as /tmp, is refused as git
+    refuses a repository owned by someone else. Naming it with -p loads it anyway.
+    """
+    try:
+        info = path.stat()
+    except OSError:
+        return ""
+    if info.st_uid not in (os.geteuid(), 0):
+        return f"it is owned by another user (uid {info.st_uid})"
+    if info.st_mode & 0o002:
+        return "anyone on this machine can write it"
+    return ""
 
 
 def resolve(
@@ -196,10 +224,14 @@ def resolve(
     """Merge the layers into a validated Profile, or raise ProfileError listing every problem."""
     env = os.environ if env is None else env
     cwd = cwd or Path.cwd()
-    path = find_file(file, cwd, env)
+    path, how = find_file(file, cwd, env)
     layers: list[Layer] = []
     problems: list[Problem] = []
-    if path is not None:
+    why_not = untrusted(path) if path is not None and how == "working directory" else ""
+    if why_not:
+        problems.append(Problem(str(path), "", f"not loaded from the working directory: {why_not}",
+                                fix=f"pass -p {path} if you trust it, or remove it"))
+    elif path is not None:
         layer, found = file_layer(path)
         layers.append(layer)
         problems += found
@@ -224,7 +256,7 @@ def resolve(
         problems += [_problem(e, merged, sources) for e in err.errors()]
     if problems:
         raise ProfileError(problems)
-    return Resolved(profile, sources, path)
+    return Resolved(profile, sources, path, how)
 
 
 def _merge(layers: Sequence[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
