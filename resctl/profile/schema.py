@@ -177,11 +177,17 @@ class Section(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _no_nul(cls, value: Any) -> Any:
+    def _plain_text(cls, value: Any) -> Any:
         # No profile string reaches a path, an argv or an environment with a NUL in it.
         texts = [value] if isinstance(value, str) else [*value.keys(), *value.values()] if isinstance(value, dict) else []
-        if any(isinstance(t, str) and "\x00" in t for t in texts):
-            raise ValueError("contains a NUL character; remove it")
+        for text in texts:
+            if isinstance(text, str) and "\x00" in text:
+                raise ValueError("contains a NUL character; remove it")
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # os.environ keeps undecodable bytes as lone surrogates
+                    raise ValueError("contains bytes that are not UTF-8 text; write it in UTF-8") from None
         return value
 
 

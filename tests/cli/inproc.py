@@ -30,7 +30,10 @@ class Result:
 def invoke(args: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None) -> Result:
     """Run `resctl ARGS` in this process with only `env`'s RESCTL_* variables, in `cwd`."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RESCTL_")}
-    out, err = io.StringIO(), io.StringIO()
+    # Like a real process's streams: stdout is strict UTF-8 (text that cannot be encoded fails there), stderr
+    # escapes what it cannot encode.
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
+    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace", write_through=True)
     code, crash = 0, ""
     old_cwd = os.getcwd()
     with mock.patch.dict(os.environ, {**clean, "COLUMNS": "200", **(env or {})}, clear=True), \
@@ -45,4 +48,11 @@ def invoke(args: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = No
             code, crash = 1, traceback.format_exc()
         finally:
             os.chdir(old_cwd)
-    return Result(code, out.getvalue(), err.getvalue(), crash)
+    return Result(code, _text(out), _text(err), crash)
+
+
+def _text(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    raw = stream.buffer
+    assert isinstance(raw, io.BytesIO)
+    return raw.getvalue().decode("utf-8", "replace")

@@ -97,3 +97,11 @@ def test_launch_env_from_the_environment_merges_with_the_profile(tmp_path: Path)
     data = json.loads(shown.out)
     assert data["profile"]["launch"]["env"] == {"A": "1", "B": "2", "C": "4"}
     assert data["sources"]["launch.env"] == "p.toml + env RESCTL_LAUNCH_ENV"
+
+
+def test_undecodable_bytes_in_variables_and_arguments(tmp_path: Path) -> None:
+    # os.environ and sys.argv keep bytes that are not UTF-8 as lone surrogates; printing them used to crash.
+    refused(dry(tmp_path, env={"RESCTL_LAUNCH_RUN_DIR": "a\udcffb"}), "env RESCTL_LAUNCH_RUN_DIR -> launch.run_dir",
+            "not UTF-8")
+    r = invoke(["run", "--dry-run", SCRIPT, "--x\udcff"], cwd=tmp_path)
+    assert r.code == 0 and not r.crash and "--x\\udcff" in r.out
