@@ -92,7 +92,10 @@ def run(
             flags.values[dotted] = value
             flags.labels[dotted] = "flag --" + name.replace("_", "-")
     if rdzv_conf:
-        flags.values["launch.rdzv_conf"] = dict(kv.split("=", 1) for kv in rdzv_conf.split(",") if "=" in kv)
+        bad = [kv for kv in rdzv_conf.split(",") if "=" not in kv]
+        if bad:
+            raise UsageError(f"--rdzv-conf: {bad[0]!r} is not KEY=VALUE; write --rdzv-conf key=value,key2=value2")
+        flags.values["launch.rdzv_conf"] = dict(kv.split("=", 1) for kv in rdzv_conf.split(","))
         flags.labels["launch.rdzv_conf"] = "flag --rdzv-conf"
     if module and no_python:
         raise UsageError("--module and --no-python cannot be used together (as with torchrun)")

@@ -36,7 +36,6 @@ else:  # pragma: no cover
 DEFAULT_FILE = "resctl.toml"
 DEFAULT_SOURCE = "default"
 # RESCTL_* variables that are not profile keys: resctl's own switches and the plan it hands workers.
-SECRET_BEARING = ("launch.env", "launch.rdzv_conf")  # values never shown in clear, whatever their names
 RESERVED_ENV = {"RESCTL_DEBUG", "RESCTL_PROFILE", "RESCTL_FAULTS", "RESCTL_PLAN", "RESCTL_RUN_DIR", "RESCTL_PRELOAD"}
 
 
@@ -292,9 +291,10 @@ def _problem(error: Mapping[str, Any], merged: Mapping[str, Any], sources: Mappi
         if len(loc) > 2:
             dotted += "[" + "].[".join(loc[2:]) + "]"
         base = f"{section}.{key_name(section, fld)}" if fld in model.model_fields else dotted
-        shown = redact_value(dotted, merged.get(base, error.get("input")))
-        if base in SECRET_BEARING:
-            shown = redact_rdzv_conf(shown) if base == "launch.rdzv_conf" and isinstance(shown, dict) else shown
+        shown = merged.get(base, error.get("input"))
+        # Error messages are output too: no secret values in them.
+        shown = redact_rdzv_conf(shown) if base == "launch.rdzv_conf" and isinstance(shown, dict) \
+            else redact_value(base, shown)
         return Problem(sources.get(base, DEFAULT_SOURCE), dotted, message, shown, _fix(section, fld, error))
     # A check across keys (a model validator): name every key that took part and its source.
     section = loc[0] if loc else ""

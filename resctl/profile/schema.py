@@ -233,7 +233,10 @@ class Launch(Section):
         "resctl-runs/{run_id}", description="Where events, the resolved profile and summaries go; {run_id} is expanded."
     )
     env: Annotated[dict[str, str], AfterValidator(_check_env)] = Field(
-        default_factory=dict, description="Environment for the launcher and every worker (e.g. FI_PROVIDER = \"efa\")."
+        default_factory=dict,
+        description="Environment for the launcher and every worker (e.g. FI_PROVIDER = \"efa\"); merges with "
+        "RESCTL_LAUNCH_ENV name by name. Values reach the processes only: plan.json keeps the names, and what resctl "
+        "prints masks secret-looking ones (docs/security.md)."
     )
     metrics_port: Optional[int] = Field(
         None, ge=0, le=65535,
