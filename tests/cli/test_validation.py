@@ -66,3 +66,21 @@ def test_validate_accepts_what_run_accepts(tmp_path: Path) -> None:
     (tmp_path / "p.toml").write_text('[launch]\nnnodes = "2:4"\nredirects = "0:3,1:2"\nnproc_per_node = 8\n'
                                      'rdzv_endpoint = "[fd00::1]:29400"\nrdzv_id = "job-1.a_b"\nnvrx_version = "0.7.0"\n')
     assert invoke(["profile", "validate", "p.toml"], cwd=tmp_path).code == 0
+
+
+def _float_keys() -> list[str]:
+    from resctl.profile.schema import SECTIONS, key_name
+
+    return [f"{section}.{key_name(section, name)}" for section, model in SECTIONS.items()
+            for name, info in model.model_fields.items() if "float" in str(info.annotation)]
+
+
+@pytest.mark.parametrize("key", _float_keys())
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", '"nan"', '"inf"', '"1e999"'])
+def test_no_number_in_the_schema_may_be_non_finite(key: str, value: str) -> None:
+    from resctl.errors import ProfileError
+    from resctl.profile.load import resolve
+
+    with pytest.raises(ProfileError) as err:
+        resolve(None, env={}, sets=[f"{key}={value}"], cwd=Path("/nonexistent"))
+    assert key in str(err.value)
