@@ -79,7 +79,7 @@ def nvrx_series(version: str) -> str:
     from resctl.errors import UsageError
     from resctl.launch.nvrx_flags import series_for  # a data table; imports nothing of resctl but errors
 
-    if not _VERSION.match(version.strip()):
+    if not _VERSION.fullmatch(version.strip()):
         raise ValueError(f"{version!r} is not a version; use auto or a version such as 0.4.1 or 0.7.0")
     try:
         return series_for(version)
@@ -93,13 +93,13 @@ def _check_nnodes(value: str) -> str:
 
 
 def _check_std(value: str) -> str:
-    if not _STD.match(value):
+    if not _STD.fullmatch(value):
         raise ValueError(f"{value!r}: use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank 0:3,1:0")
     return value
 
 
 def _check_nproc(value: str) -> str:
-    if not _NPROC.match(value.strip()):
+    if not _NPROC.fullmatch(value.strip()):
         raise ValueError(f"{value!r}: use a number of workers (1 or more), or auto, cpu, gpu")
     return value.strip()
 
@@ -111,7 +111,7 @@ def _check_endpoint(value: str) -> str:
 
 
 def _check_run_id(value: str) -> str:
-    if value.strip().lower() not in {"auto", "none", ""} and not _RUN_ID.match(value.strip()):
+    if value.strip().lower() not in {"auto", "none", ""} and not _RUN_ID.fullmatch(value.strip()):
         raise ValueError(f"{value!r}: a run id names a directory; use letters, digits, '.', '_' and '-' "
                          "(up to 128, starting with a letter or digit), or auto")
     return value.strip()
@@ -154,7 +154,7 @@ def _check_env(value: dict[str, str]) -> dict[str, str]:
 
 def _check_conf(value: dict[str, str]) -> dict[str, str]:
     for key, text in value.items():
-        if not _CONF_KEY.match(key):
+        if not _CONF_KEY.fullmatch(key):
             raise ValueError(f"{key!r} is not a rendezvous setting name (letters, digits, '_')")
         if "," in text or "\x00" in text:
             raise ValueError(f"the value of {key} cannot contain ',' or NUL (ft_launcher splits settings on ',')")
