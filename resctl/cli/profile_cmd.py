@@ -28,16 +28,18 @@ def show(
     from rich.table import Table
 
     from resctl.profile.load import resolve
-    from resctl.profile.schema import keys
     from resctl.profile.render import show_value
-
-    from resctl.redact import redact_rdzv_conf, redact_value
+    from resctl.profile.schema import keys
+    from resctl.redact import redact_env, redact_rdzv_conf, redact_text
 
     resolved = resolve(profile, sets=set_ or [])
     info(resolved.loaded())
+    # Secrets stay off the screen: strings by their shape, launch.env by name and shape, rdzv_conf values
+    # unless known harmless.
     dumped = resolved.profile.model_dump(mode="json", by_alias=True)
-    # Secrets stay off the screen: [launch.env] by name and shape, rdzv_conf values unless known harmless.
-    dumped["launch"]["env"] = redact_value("env", dumped["launch"]["env"])
+    for values in dumped.values():
+        values.update({key: redact_text(v) for key, v in values.items() if isinstance(v, str)})
+    dumped["launch"]["env"] = redact_env(dumped["launch"]["env"])
     dumped["launch"]["rdzv_conf"] = redact_rdzv_conf(dumped["launch"]["rdzv_conf"])
     if as_json:
         typer.echo(json.dumps({"file": str(resolved.file) if resolved.file else None, "profile": dumped,
@@ -45,8 +47,9 @@ def show(
         return
     table = Table("key", "value", "source", title=f"profile: {resolved.file or 'built-in defaults'}")
     for dotted, (section, fld) in keys().items():
-        value = dumped[section][dotted.split(".", 1)[1]] if fld in ("env", "rdzv_conf") and section == "launch" \
-            else getattr(getattr(resolved.profile, section), fld)
+        value = getattr(getattr(resolved.profile, section), fld)
+        if isinstance(value, str) or dotted in ("launch.env", "launch.rdzv_conf"):  # numbers hold no secrets
+            value = dumped[section][dotted.split(".", 1)[1]]
         table.add_row(dotted, show_value(section, fld, value), resolved.source(dotted))
     out_console.print(table)
 

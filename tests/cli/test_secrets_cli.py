@@ -68,3 +68,11 @@ def test_run_dir_is_private_and_metrics_listen_where_asked(tmp_path: Path) -> No
     assert host == "127.0.0.1" and int(port) > 0
     body = urllib.request.urlopen(f"http://{where}/metrics", timeout=10).read().decode()
     assert "resctl_" in body
+
+
+def test_profile_show_masks_credentials_in_any_string_key(tmp_path: Path) -> None:
+    (tmp_path / "p.toml").write_text('[checkpoint]\ndir = "s3://u:SECd1@bucket/ck"\n[heartbeat.sections]\nauth = "5m"\n')
+    for args in (["profile", "show", "-p", "p.toml"], ["profile", "show", "-p", "p.toml", "--json"]):
+        r = invoke(args, cwd=tmp_path)
+        assert r.code == 0 and "SEC" not in r.text and "s3://u:<redacted>@bucket/ck" in r.out, r.text
+    assert json.loads(r.out)["profile"]["heartbeat"]["sections"] == {"auth": 300.0}  # numbers are not masked
