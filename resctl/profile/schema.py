@@ -126,6 +126,8 @@ def _check_version(value: str) -> str:
 def _check_path(value: str) -> str:
     if "\x00" in value:
         raise ValueError("a path cannot contain a NUL character")
+    if value and not value.strip():
+        raise ValueError("a path of only spaces; give a directory, or leave it empty where that means the default")
     normal = "/" + value.strip().strip("/")
     if value.startswith("/") and any(normal == fs or normal.startswith(fs + "/") for fs in PSEUDO_FS):
         raise ValueError(f"{value!r} is on a kernel pseudo-filesystem ({', '.join(PSEUDO_FS)}); "
@@ -141,6 +143,13 @@ def _check_addr(value: str) -> str:
     except ValueError:
         raise ValueError(f"{value!r} is not an IP address; use 0.0.0.0 (all interfaces), :: or 127.0.0.1") from None
     return value.strip()
+
+
+def _not_empty(value: str) -> str:
+    if not value:
+        raise ValueError("cannot be empty (it would put the run's files into the working directory); "
+                         "give a directory such as resctl-runs/{run_id}")
+    return value
 
 
 def _check_env(value: dict[str, str]) -> dict[str, str]:
@@ -229,7 +238,7 @@ class Launch(Section):
     log_dir: Path_ = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
     redirects: StdSpec = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")
     tee: StdSpec = Field("0", description="torchrun -t: tee worker stdout/stderr into log_dir and the console.")
-    run_dir: Path_ = Field(
+    run_dir: Annotated[Path_, AfterValidator(_not_empty)] = Field(
         "resctl-runs/{run_id}", description="Where events, the resolved profile and summaries go; {run_id} is expanded."
     )
     env: Annotated[dict[str, str], AfterValidator(_check_env)] = Field(

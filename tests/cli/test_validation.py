@@ -38,6 +38,8 @@ BAD = [
     ('[launch.env]\nA = "x\\u0000y"\n', "launch.env", "NUL"),
     ('[launch]\nrun_dir = "a\\u0000b"\n', "launch.run_dir", "NUL"),
     ('[launch]\nlog_dir = "/proc/x"\n', "launch.log_dir", "pseudo-filesystem"),
+    ('[launch]\nrun_dir = ""\n', "launch.run_dir", "cannot be empty"),
+    ('[launch]\nlog_dir = "  "\n', "launch.log_dir", "only spaces"),
     ('[checkpoint]\ndir = "/sys/fs/x"\n', "checkpoint.dir", "pseudo-filesystem"),
     ("[launch]\nx = " + "[" * 3000 + "]" * 3000 + "\n", "p.toml", "nested too deeply"),
 ]
