@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 from unittest import mock
 
-from resctl.cli import main
+from resctl.cli import INTERNAL, main
 
 
 @dataclass
@@ -20,7 +20,7 @@ class Result:
     code: int
     out: str
     err: str
-    crash: str = ""  # the traceback of an exception that escaped main(): always a defect
+    crash: str = ""  # an exception that escaped main(), or one main() reported as a bug: always a defect
 
     @property
     def text(self) -> str:
@@ -48,7 +48,10 @@ def invoke(args: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = No
             code, crash = 1, traceback.format_exc()
         finally:
             os.chdir(old_cwd)
-    return Result(code, _text(out), _text(err), crash)
+    result = Result(code, _text(out), _text(err), crash)
+    if INTERNAL in result.err:  # main() caught a bug and said so in one line: still a crash to the tests
+        result.crash = result.err
+    return result
 
 
 def _text(stream: io.TextIOWrapper) -> str:

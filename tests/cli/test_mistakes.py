@@ -105,3 +105,17 @@ def test_undecodable_bytes_in_variables_and_arguments(tmp_path: Path) -> None:
             "not UTF-8")
     r = invoke(["run", "--dry-run", SCRIPT, "--x\udcff"], cwd=tmp_path)
     assert r.code == 0 and not r.crash and "--x\\udcff" in r.out
+
+
+def test_a_bug_is_one_line_and_the_traceback_is_for_resctl_debug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import resctl.profile.load
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(resctl.profile.load, "resolve", broken)
+    r = invoke(["profile", "show"], cwd=tmp_path)
+    assert r.code == 1 and "Traceback" not in r.text
+    assert "internal error (a bug in resctl): RuntimeError: boom. Run again with RESCTL_DEBUG=1" in r.err
+    r = invoke(["profile", "show"], cwd=tmp_path, env={"RESCTL_DEBUG": "1"})
+    assert "RuntimeError: boom" in r.crash and "Traceback" in r.crash
