@@ -13,7 +13,7 @@ _resctl() {
     done
     case "$path" in
         "") words="doctor profile report run tune-interval --version --help" ;;
-        "run") words="--dry-run --local-addr --local_addr --log-dir --log_dir --master-addr --master-port --master_addr --master_port --max-restarts --max_restarts --metrics-port --module --monitor-interval --monitor_interval --nnodes --no-python --no_python --node-rank --node_rank --nproc-per-node --nproc_per_node --preflight --profile --rdzv-backend --rdzv-conf --rdzv-endpoint --rdzv-id --rdzv_backend --rdzv_conf --rdzv_endpoint --rdzv_id --redirects --run-dir --set --standalone --start-method --start_method --tee -m -p -r -t --help" ;;
+        "run") words="--dry-run --local-addr --local_addr --log-dir --log_dir --master-addr --master-port --master_addr --master_port --max-restarts --max_restarts --metrics-addr --metrics-port --module --monitor-interval --monitor_interval --nnodes --no-python --no_python --node-rank --node_rank --nproc-per-node --nproc_per_node --preflight --profile --rdzv-backend --rdzv-conf --rdzv-endpoint --rdzv-id --rdzv_backend --rdzv_conf --rdzv_endpoint --rdzv_id --redirects --run-dir --set --standalone --start-method --start_method --tee -m -p -r -t --help" ;;
         "doctor") words="--deep --dir --json --only --profile --root --set --skip --storage-mb --strict -p --help" ;;
         "tune-interval") words="--async --from-run --headroom --interval --json --mtbf --nodes --restart --stall --state-size --step-time --sync --write-bw --write-profile --write-slowdown --write-time --help" ;;
         "report") words="--html --json --help" ;;

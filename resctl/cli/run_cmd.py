@@ -34,6 +34,7 @@ FLAG_KEYS = {
     "tee": "launch.tee",
     "run_dir": "launch.run_dir",
     "metrics_port": "launch.metrics_port",
+    "metrics_addr": "launch.metrics_addr",
 }
 
 Opt = typer.Option
@@ -65,7 +66,8 @@ def run(
     module: Annotated[bool, Opt("-m", "--module", help="Run SCRIPT as a module (python -m).")] = False,
     no_python: Annotated[bool, Opt("--no-python", "--no_python", help="Run SCRIPT as a program, not with python.")] = False,
     run_dir: Annotated[Optional[str], Opt("--run-dir", help="Run directory for events and summaries ({run_id} expands).")] = None,
-    metrics_port: Annotated[Optional[int], Opt("--metrics-port", help="Serve Prometheus metrics on this port.")] = None,
+    metrics_port: Annotated[Optional[int], Opt("--metrics-port", help="Serve Prometheus metrics on this port (0: a free one).")] = None,
+    metrics_addr: Annotated[Optional[str], Opt("--metrics-addr", help="Address metrics listen on (default 0.0.0.0; 127.0.0.1 keeps them on the node).")] = None,
     preflight: Annotated[bool, Opt("--preflight", help="Run `resctl doctor` first; a failed check starts nothing (exit 1).")] = False,
 ) -> None:
     """Start SCRIPT on every worker under NVRx ft_launcher, with resctl's profile and shim."""
@@ -81,6 +83,7 @@ def run(
         "master_addr": master_addr, "master_port": master_port, "local_addr": local_addr,
         "monitor_interval": monitor_interval, "start_method": start_method, "log_dir": log_dir,
         "redirects": redirects, "tee": tee, "run_dir": run_dir, "metrics_port": metrics_port,
+        "metrics_addr": metrics_addr,
     }
     flags = Layer("flags")
     for name, value in given.items():
@@ -89,7 +92,10 @@ def run(
             flags.values[dotted] = value
             flags.labels[dotted] = "flag --" + name.replace("_", "-")
     if rdzv_conf:
-        flags.values["launch.rdzv_conf"] = dict(kv.split("=", 1) for kv in rdzv_conf.split(",") if "=" in kv)
+        bad = [kv for kv in rdzv_conf.split(",") if "=" not in kv]
+        if bad:
+            raise UsageError(f"--rdzv-conf: {bad[0]!r} is not KEY=VALUE; write --rdzv-conf key=value,key2=value2")
+        flags.values["launch.rdzv_conf"] = dict(kv.split("=", 1) for kv in rdzv_conf.split(","))
         flags.labels["launch.rdzv_conf"] = "flag --rdzv-conf"
     if module and no_python:
         raise UsageError("--module and --no-python cannot be used together (as with torchrun)")
@@ -98,6 +104,7 @@ def run(
                          "check the path, or pass -m for a module")
     target = Target(script, tuple(script_args or ()), module=module, no_python=no_python)
     resolved, launch_plan = execute.prepare(profile, flags, set_ or [], target)
+    info(resolved.loaded())
     if preflight and not dry_run:
         from resctl.cli.doctor_cmd import preflight_check
 

@@ -209,6 +209,9 @@ def main() -> None:
     atexit.register(stop.clear, marker)
     apply_adapters()
     os.register_at_fork(after_in_child=undo_adapters)  # workers and rank monitors run unpatched code
+    from resctl.launch.launcher_logs import install  # no secrets or stop tracebacks in its log
+
+    install()
     if os.environ.get("RESCTL_PRELOAD") == "1":
         preload()
     from resctl.launch.titles import set_title
