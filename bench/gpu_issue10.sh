@@ -19,8 +19,9 @@ for part in $parts; do
       timeout 240 python3 bench/gpu_inprocess_exact.py --nproc 1 --device cuda --steps 20 > "$OUT/exact-$NVRX.json" 2> "$OUT/exact-$NVRX.err"
       echo "exit $?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: (v['exit'], v['bitwise_equal_to_torchrun'], v['wall']) for k, v in d.items()})" "$OUT/exact-$NVRX.json";;
     ddp|fsdp2) echo "== kill -9 -> first step after resume: $part, 1 GPU, NCCL"
-      timeout 280 python3 bench/bench_kill_resume.py --script $part --nproc 1 --device cuda --faults ${FAULTS:-5} --clean ${CLEAN:-3} \
+      timeout ${PART_TIMEOUT:-280} python3 bench/bench_kill_resume.py --script $part --nproc 1 --device cuda --faults ${FAULTS:-5} --clean ${CLEAN:-3} \
         --steps 40 --kill-after 15 --script-args "--step-time 0.05" > "$OUT/kill-$part-$NVRX.json" 2> "$OUT/kill-$part-$NVRX.err"
-      echo "exit $?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50'])); print(d['kill_to_first_step'], d['clean_wall']); [print(e[-400:]) for e in d.get('errors', [])]" "$OUT/kill-$part-$NVRX.json";;
+      echo "exit $?"; grep -v Warning "$OUT/kill-$part-$NVRX.err" | grep "^kill_to\|^clean" | tr '\n' ';'; echo
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50'])); [print(e[-400:]) for e in d.get('errors', [])]" "$OUT/kill-$part-$NVRX.json";;
   esac
 done
