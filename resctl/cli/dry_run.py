@@ -31,3 +31,6 @@ def render(launch_plan: LaunchPlan) -> None:
         _print(f"{flag} {value}".ljust(width) + f"  <- {source}")
     for note in launch_plan.notes:
         _print(f"note: {redact_text(note)}")
+    _print("\n# recovery layers")
+    for layer in launch_plan.layers:
+        _print(layer)

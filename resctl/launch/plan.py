@@ -57,6 +57,7 @@ class LaunchPlan:
     metrics_port: int | None = None  # served by the resctl process, not passed to the launcher
     metrics_addr: str = "0.0.0.0"
     origins: dict[str, str] = field(default_factory=dict)  # "launch.run_dir" -> where its value came from
+    layers: list[str] = field(default_factory=list)  # which recovery layers are on, and why (--dry-run)
 
     def command(self, program: Sequence[str] = ("ft_launcher",)) -> list[str]:
         return [*program, *self.args]
@@ -268,4 +269,26 @@ def plan(
     dirs = [run_dir, log_dir]
     origins = {key: src(key) for key in ("launch.run_dir", "launch.log_dir", "launch.metrics_port", "launch.metrics_addr")}
     return LaunchPlan(args, env, files, dirs, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
-                      metrics_port=launch.metrics_port, metrics_addr=launch.metrics_addr, origins=origins)
+                      metrics_port=launch.metrics_port, metrics_addr=launch.metrics_addr, origins=origins,
+                      layers=recovery_layers(p, series, fork_workers))
+
+
+def recovery_layers(p: Profile, series: str, fork_workers: bool) -> list[str]:
+    """Which recovery layers this plan turns on, and why (for --dry-run and the run's first lines)."""
+    launch, inproc = p.launch, p.inprocess
+    start = ("workers forked from the launcher, so a restart starts no new Python" if fork_workers
+             else "workers are fresh interpreters (launch.worker_start = \"exec\")")
+    out = [f"in-job restart: on, up to {launch.max_restarts} (launch.max_restarts): a dead, failed or hung worker "
+           f"restarts the group; {start}; survivors leave at once, SIGKILL after "
+           f"{launch.workers_stop_timeout:g}s (launch.workers_stop_timeout)"]
+    if not inproc.enabled:
+        out.append("in-process restart: off (inprocess.enabled = false): exceptions and hangs restart in-job")
+        return out
+    world = "every rank" if inproc.min_world_size is None else f"at least {inproc.min_world_size} ranks"
+    out.append(f"in-process restart: on: exceptions and hangs re-run the script in the same processes with {world} "
+               "(inprocess.min_world_size); a killed rank falls through to the in-job restart")
+    if series != "0.4":
+        out.append(f"in-process restart is deprecated since NVRx 0.6 (this is {series}; in-job restart with forked workers is the "
+                   "fast path there); it still runs, but consider inprocess.enabled = false")
+    return out
+
