@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from resctl.errors import LaunchError, UsageError
-from resctl.launch import rendezvous
+from resctl.launch import rendezvous, stop
 from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan, restart_policy
 from resctl.profile.load import Layer, Resolved, resolve
 
@@ -128,6 +128,7 @@ def exit_code(code: int, received: Sequence[int]) -> int:
 def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int:
     """Start ft_launcher, forward signals, return its exit code (printing a summary on failure)."""
     write_files(launch_plan)
+    (launch_plan.run_dir / stop.FATAL_FILE).unlink(missing_ok=True)  # a reason is this run's only
     for note in launch_plan.notes:
         on_event(f"resctl: {note}")
     on_event(f"resctl: run {launch_plan.run_id} -> {launch_plan.run_dir}")
@@ -157,6 +158,11 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     code = exit_code(launcher_code, received)
+    fatal = stop.read_fatal(launch_plan.run_dir) if code != 0 else None
+    if fatal is not None:
+        on_event(f"resctl: rank {fatal.get('rank')} stopped the job (no restart can cure it): {fatal.get('error')}")
+        on_event(f"resctl: exit {fatal['exit_code']}; run dir {launch_plan.run_dir}")
+        return int(fatal["exit_code"])
     if code != 0 and received:
         names = ", ".join(sorted({signal.Signals(s).name for s in received}))
         on_event(f"resctl: stopped by {names} (forwarded to ft_launcher, which exited {launcher_code}); "

@@ -242,7 +242,7 @@ def announce_world(shim: RestartHost) -> None:
                   "restarts the group", file=sys.stderr, flush=True)
 
 
-def run_wrapped(shim: RestartHost, target: Target) -> None:
+def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseException], None] = lambda err: None) -> None:
     """Run `target` under the wrapper until it completes on every rank (or the wrapper gives up,
     which raises and so hands over to the launcher's in-job restart)."""
     import torch.distributed as dist
@@ -293,6 +293,7 @@ def run_wrapped(shim: RestartHost, target: Target) -> None:
             if type(err).__name__ != "InjectedFault":  # injected ones were recorded when fired
                 shim.events.emit("fault", cause="exception", injected=False, step=shim.step,
                                  error=f"{type(err).__name__}: {err}")
+            on_fault(err)
             raise
         finally:
             shim.set_progress(None)
