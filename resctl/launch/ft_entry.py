@@ -21,6 +21,11 @@ checks for the exact gap it fills:
   default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
   the end of the job waits for the next poll; the interval still paces the other checks.
 
+- **Own process groups, quick leftover cleanup.** NVRx 0.6+ `killpg`s the stopped workers' process
+  groups and then sleeps 1 s. Forked workers shared the launcher's group, so on 0.7 the first restart
+  SIGTERMed the launcher and `resctl run` themselves. Every process forked from the launcher now leads
+  its own group, and the cleanup waits only while a group still has members.
+
 Forked workers inherit the launcher's memory: the patches are undone in every child at fork.
 """
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import time
 from typing import Any
 
 from resctl.launch import stop
@@ -187,6 +193,53 @@ def _titled_rank_monitors(patches: Patches) -> None:
     patches.set(RankMonitorServer, "run", staticmethod(titled_run))
 
 
+def _quick_leftover_cleanup(patches: Patches) -> None:
+    """NVRx 0.6+ cleans up after stopped workers with `killpg(SIGTERM)` on their process groups, a
+    fixed 1 s sleep, then `killpg(SIGKILL)`: a second on every restart. Wait only while a group still
+    has members (at most that second)."""
+    import inspect
+
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    original = getattr(launcher, "terminate_mp_processes", None)
+    if original is None or list(inspect.signature(original).parameters) != ["allowed_pgids"]:
+        return  # 0.4/0.5 only reap orphans of the workers, without a wait
+
+    def terminate_leftovers(allowed_pgids: Any) -> None:
+        groups = [g for g in allowed_pgids if g not in (0, 1, os.getpgrp())]  # never the launcher's own group
+        for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, sig)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + wait
+            while groups and time.monotonic() < deadline:
+                groups = [g for g in groups if _group_alive(g)]
+                time.sleep(0.01)
+
+    patches.set(launcher, "terminate_mp_processes", terminate_leftovers)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _child_of_launcher() -> None:
+    """In every process forked from the launcher (workers, rank monitors): NVRx's code unpatched, and a
+    process group of its own, so a launcher's `killpg` of a worker's group reaches the worker and its
+    children, never the launcher, `resctl run` or the shell that started them."""
+    undo_adapters()
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+
+
 def apply_adapters() -> list[str]:
     """Patch what the installed versions need (once); returns what was patched."""
     if PATCHES:
@@ -196,6 +249,7 @@ def apply_adapters() -> list[str]:
         _quick_restart_stops(PATCHES)
     _wake_on_worker_exit(PATCHES)
     _titled_rank_monitors(PATCHES)
+    _quick_leftover_cleanup(PATCHES)
     return PATCHES.applied
 
 
@@ -228,7 +282,7 @@ def main() -> None:
     os.environ[stop.ENV] = str(marker)
     atexit.register(stop.clear, marker)
     apply_adapters()
-    os.register_at_fork(after_in_child=undo_adapters)  # workers and rank monitors run unpatched code
+    os.register_at_fork(after_in_child=_child_of_launcher)
     from resctl.launch.launcher_logs import install  # no secrets or stop tracebacks in its log
 
     install()
