@@ -16,7 +16,7 @@ parts=${*:-exact ddp fsdp2}
 for part in $parts; do
   case $part in
     exact) echo "== in-process exactness, FSDP2 + DCP, 1 GPU"
-      timeout 240 python3 bench/gpu_inprocess_exact.py --nproc 1 --device cuda --steps 20 > "$OUT/exact-$NVRX.json" 2> "$OUT/exact-$NVRX.err"
+      timeout ${EXACT_TIMEOUT:-240} python3 bench/gpu_inprocess_exact.py --nproc 1 --device cuda --steps 20 > "$OUT/exact-$NVRX.json" 2> "$OUT/exact-$NVRX.err"
       echo "exit $?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: (v['exit'], v['bitwise_equal_to_torchrun'], v['wall']) for k, v in d.items()})" "$OUT/exact-$NVRX.json";;
     ddp|fsdp2) echo "== kill -9 -> first step after resume: $part, 1 GPU, NCCL"
       timeout ${PART_TIMEOUT:-280} python3 bench/bench_kill_resume.py --script $part --nproc 1 --device cuda --faults ${FAULTS:-5} --clean ${CLEAN:-3} \
