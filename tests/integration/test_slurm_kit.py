@@ -1,0 +1,150 @@
+"""examples/slurm/train.sbatch, unchanged, on a real two-node Slurm (Debian's 22.05 packages, two slurmd
+on this host as n1 and n2; see slurm_cluster.py). The CPU variant (`sbatch --gpus-per-node=0`) trains
+examples/train_ckpt.py with one gloo worker per node.
+
+Signals are sent the way Slurm sends them: the pre-timeout warning of `--signal=B:USR1@300` is
+`scancel --signal=USR1 --batch` (the batch shell only), preemption with a GraceTime is SIGTERM to the
+job's steps (`scancel --signal=TERM`, not the batch shell), a user's cancel is a plain `scancel`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resctl.checkpoint.format import list_step_dirs, read_manifest
+from resctl.telemetry.events import read_events
+from tests.integration.slurm_cluster import SlurmCluster, _free_port, missing
+
+REPO = Path(__file__).resolve().parents[2]
+SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
+PROFILE = REPO / "tests" / "fixtures" / "slurm" / "cpu.toml"
+SCRIPT = REPO / "examples" / "train_ckpt.py"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def submit(slurm: SlurmCluster, work: Path, doctor: bool = True) -> str:
+    work.mkdir(parents=True, exist_ok=True)
+    env = {
+        **slurm.env,
+        "PATH": f"{Path(sys.executable).parent}:{slurm.env.get('PATH', '')}",
+        "RESCTL": f"{sys.executable} -m resctl",
+        "PROFILE": str(PROFILE),
+        "SCRIPT": str(SCRIPT),
+        "DOCTOR": "1" if doctor else "0",
+        "RESCTL_CHECKPOINT_DIR": str(work / "ckpt"),
+        "RESCTL_LAUNCH_RUN_DIR": str(work / "run"),
+        "RESCTL_LAUNCH_RDZV_PORT": str(_free_port()),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    import subprocess
+
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--gpus-per-node=0", f"--chdir={work}", f"--output={work}/out.log", str(SBATCH),
+         "--steps", "1000000", "--step-time", "0.02"],
+        env=env, capture_output=True, text=True, timeout=30, check=True,
+    ).stdout
+    return out.strip().split(";")[0]
+
+
+def wait_for(what: str, predicate: Any, timeout: float, slurm: SlurmCluster, work: Path, job: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if job and slurm.job(job)["JobState"] in ("FAILED", "CANCELLED", "COMPLETED", "TIMEOUT", "NODE_FAIL"):
+            break  # it will not happen any more
+        time.sleep(0.3)
+    log = (work / "out.log").read_text(errors="replace")[-6000:] if (work / "out.log").exists() else "(no log)"
+    raise AssertionError(f"gave up after {timeout}s (or the job ended) waiting for {what}\n--- job log\n{log}\n{slurm.logs()}")
+
+
+def steps_reached(work: Path) -> int:
+    """The highest optimizer step any rank reported."""
+    return max((e["step"] for e in read_events(work / "run") if e["kind"] == "step"), default=0)
+
+
+def newest_checkpoint(work: Path) -> int:
+    """The newest complete, verified checkpoint's step (0 when none)."""
+    for step, path in list_step_dirs(work / "ckpt"):
+        try:
+            read_manifest(path / "manifest.json")
+            return step
+        except Exception:
+            continue
+    return 0
+
+
+def sigterm_ends(work: Path) -> list[dict[str, Any]]:
+    return [e for e in read_events(work / "run") if e["kind"] == "end" and e.get("status") == "sigterm"]
+
+
+def test_pretimeout_signal_saves_requeues_and_resumes_then_preemption_saves(slurm: SlurmCluster, tmp_path: Path) -> None:
+    work = tmp_path / "job"
+    job = submit(slurm, work)
+    wait_for("two nodes training past step 60", lambda: steps_reached(work) >= 60, 120, slurm, work, job)
+    state = slurm.job(job)
+    assert state["JobState"] == "RUNNING" and state["NodeList"] == "n[1-2]", state
+
+    # Slurm's pre-timeout warning (--signal=B:USR1@300) reaches the batch shell only.
+    slurm.run("scancel", "--signal=USR1", "--batch", job)
+    wait_for("the requeue", lambda: slurm.job(job)["Restarts"] == "1" and slurm.job(job)["JobState"] == "PENDING",
+             90, slurm, work)
+    reached = steps_reached(work)
+    ends = sigterm_ends(work)
+    assert {e["rank"] for e in ends} == {0, 1}, "both ranks stopped on SIGTERM, neither was SIGKILLed"
+    assert newest_checkpoint(work) == reached, f"final checkpoint at the step training reached ({reached})"
+    assert all(e["step"] == reached for e in ends)
+    log = (work / "out.log").read_text()
+    assert "forcing job termination" not in log and "Killed" not in log, "srun must not SIGKILL the step"
+    assert "requeueing job" in log
+
+    # A requeued job waits for its BeginTime (now + 120 s in 22.05); start it now instead.
+    slurm.run("scontrol", "update", f"jobid={job}", "starttime=now")
+    wait_for("the requeued job to resume", lambda: f"resumed from checkpoint step {reached}" in
+             (work / "out.log").read_text(), 120, slurm, work, job)
+    wait_for("training past the resume point", lambda: steps_reached(work) >= reached + 30, 120, slurm, work, job)
+    assert len(re.findall(r"\[rank \d\] resumed from checkpoint step", (work / "out.log").read_text())) == 2
+
+    # Preemption: SIGTERM to the steps (what Slurm sends for GraceTime), not to the batch shell.
+    slurm.run("scancel", "--signal=TERM", job)
+    wait_for("the job to end", lambda: slurm.job(job)["JobState"] not in ("RUNNING", "PENDING", "COMPLETING"),
+             90, slurm, work)
+    reached2 = steps_reached(work)
+    assert reached2 > reached
+    assert newest_checkpoint(work) == reached2, "preemption wrote a final checkpoint at the step reached"
+    final = slurm.job(job)
+    assert final["Restarts"] == "1", "the script requeues only on the pre-timeout signal"
+
+
+def test_user_scancel_stops_without_requeue(slurm: SlurmCluster, tmp_path: Path) -> None:
+    work = tmp_path / "job"
+    job = submit(slurm, work, doctor=False)
+    wait_for("training past step 20", lambda: steps_reached(work) >= 20, 120, slurm, work, job)
+    slurm.run("scancel", job)
+    wait_for("the job to end", lambda: slurm.job(job)["JobState"] not in ("RUNNING", "COMPLETING"), 90, slurm, work)
+    time.sleep(2)  # a requeue from the batch script would show up as PENDING now
+    state = slurm.job(job)
+    assert state["JobState"] == "CANCELLED" and state["Restarts"] == "0", state
+    assert "stopping without requeue" in (work / "out.log").read_text()
