@@ -62,7 +62,11 @@ def init(
 @app.command("validate", epilog="Example: resctl profile validate examples/profiles/eks-p5.toml")
 def validate(path: Annotated[Path, typer.Argument(help="Profile file to check.")]) -> None:
     """Check a profile file (no environment or flags applied); exit 2 with every problem found."""
+    from resctl.errors import ProfileError
+    from resctl.profile import grace
     from resctl.profile.load import resolve
 
-    resolve(path, use_env=False)
+    problems = grace.problems(resolve(path, use_env=False).profile, str(path))
+    if problems:
+        raise ProfileError(problems)
     info(f"{path}: ok")
