@@ -42,7 +42,7 @@ def slurm() -> Iterator[SlurmCluster]:
         cluster.stop()
 
 
-def submit(slurm: SlurmCluster, work: Path, doctor: bool = True) -> str:
+def submit(slurm: SlurmCluster, work: Path, *sbatch_args: str, doctor: bool = True) -> str:
     work.mkdir(parents=True, exist_ok=True)
     env = {
         **slurm.env,
@@ -60,7 +60,7 @@ def submit(slurm: SlurmCluster, work: Path, doctor: bool = True) -> str:
     import subprocess
 
     out = subprocess.run(
-        ["sbatch", "--parsable", "--gpus-per-node=0", f"--chdir={work}", f"--output={work}/out.log", str(SBATCH),
+        ["sbatch", "--parsable", "--gpus-per-node=0", f"--chdir={work}", f"--output={work}/out.log", *sbatch_args, str(SBATCH),
          "--steps", "1000000", "--step-time", "0.02"],
         env=env, capture_output=True, text=True, timeout=30, check=True,
     ).stdout
@@ -102,26 +102,30 @@ def sigterm_ends(work: Path) -> list[dict[str, Any]]:
 
 def test_pretimeout_signal_saves_requeues_and_resumes_then_preemption_saves(slurm: SlurmCluster, tmp_path: Path) -> None:
     work = tmp_path / "job"
-    job = submit(slurm, work)
-    wait_for("two nodes training past step 60", lambda: steps_reached(work) >= 60, 120, slurm, work, job)
+    # A 1-minute limit whose warning comes 40 s before it: Slurm itself sends USR1 to the batch shell
+    # (its timer runs every ~30 s, so 20-50 s after the start). No doctor step, so the warning lands in training.
+    job = submit(slurm, work, "--time=1", "--signal=B:USR1@40", doctor=False)
+    wait_for("two nodes training", lambda: {e["rank"] for e in read_events(work / "run") if e["kind"] == "step"} == {0, 1},
+             120, slurm, work, job)
     state = slurm.job(job)
-    assert state["JobState"] == "RUNNING" and state["NodeList"] == "n[1-2]", state
+    assert state["NodeList"] == "n[1-2]" and state["NumNodes"] == "2", state
 
-    # Slurm's pre-timeout warning (--signal=B:USR1@300) reaches the batch shell only.
-    slurm.run("scancel", "--signal=USR1", "--batch", job)
-    wait_for("the requeue", lambda: slurm.job(job)["Restarts"] == "1" and slurm.job(job)["JobState"] == "PENDING",
-             90, slurm, work)
+    # Requeued: pending again with the same id, held until its BeginTime (now + 120 s in 22.05).
+    requeued = {"JobState": "PENDING", "Restarts": "1", "Reason": "BeginTime"}
+    wait_for("the pre-timeout requeue", lambda: requeued.items() <= slurm.job(job).items(), 120, slurm, work)
     reached = steps_reached(work)
     ends = sigterm_ends(work)
-    assert {e["rank"] for e in ends} == {0, 1}, "both ranks stopped on SIGTERM, neither was SIGKILLed"
-    assert newest_checkpoint(work) == reached, f"final checkpoint at the step training reached ({reached})"
+    # Rank 0 writes the (replicated) state. Rank 1 usually ends the same way, but when it is inside an
+    # all-reduce as rank 0 exits, gloo's "connection closed by peer" can reach it before its SIGTERM handler.
+    assert 0 in {e["rank"] for e in ends}, "rank 0 stopped on SIGTERM and saved"
+    assert reached > 0 and newest_checkpoint(work) == reached, f"final checkpoint at the step training reached ({reached})"
     assert all(e["step"] == reached for e in ends)
     log = (work / "out.log").read_text()
+    assert "time limit near (USR1)" in log and "requeueing job" in log
     assert "forcing job termination" not in log and "Killed" not in log, "srun must not SIGKILL the step"
-    assert "requeueing job" in log
 
-    # A requeued job waits for its BeginTime (now + 120 s in 22.05); start it now instead.
-    slurm.run("scontrol", "update", f"jobid={job}", "starttime=now")
+    # Start it now rather than in 120 s, with room to finish this test.
+    slurm.run("scontrol", "update", f"jobid={job}", "starttime=now", "timelimit=30")
     wait_for("the requeued job to resume", lambda: f"resumed from checkpoint step {reached}" in
              (work / "out.log").read_text(), 120, slurm, work, job)
     wait_for("training past the resume point", lambda: steps_reached(work) >= reached + 30, 120, slurm, work, job)
@@ -140,7 +144,7 @@ def test_pretimeout_signal_saves_requeues_and_resumes_then_preemption_saves(slur
 
 def test_user_scancel_stops_without_requeue(slurm: SlurmCluster, tmp_path: Path) -> None:
     work = tmp_path / "job"
-    job = submit(slurm, work, doctor=False)
+    job = submit(slurm, work)  # with the doctor preflight on both nodes
     wait_for("training past step 20", lambda: steps_reached(work) >= 20, 120, slurm, work, job)
     slurm.run("scancel", job)
     wait_for("the job to end", lambda: slurm.job(job)["JobState"] not in ("RUNNING", "COMPLETING"), 90, slurm, work)
