@@ -17,6 +17,7 @@ probe report them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Optional
 
@@ -38,7 +39,7 @@ def scheduler_grace(env: Mapping[str, str]) -> tuple[Optional[float], list[Probl
         value = float(raw)
     except ValueError:
         value = -1.0
-    if value <= 0:
+    if not (math.isfinite(value) and value > 0):
         return None, [Problem(f"env {GRACE_ENV}", "", "not a positive number of seconds", raw,
                               "render it from the same value as the pod's terminationGracePeriodSeconds")]
     return value, []

@@ -43,7 +43,8 @@ def test_no_final_save_no_first_pair(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("raw,value,n_bad", [("150", 150.0, 0), (" 30 ", 30.0, 0), ("", None, 0), ("0", None, 1),
-                                             ("2m", None, 1), ("-5", None, 1)])
+                                             ("2m", None, 1), ("-5", None, 1),
+                                             ("nan", None, 1), ("inf", None, 1)])
 def test_scheduler_grace_from_env(raw: str, value, n_bad: int) -> None:  # type: ignore[no-untyped-def]
     got, bad = grace.scheduler_grace({grace.GRACE_ENV: raw})
     assert got == value and len(bad) == n_bad
