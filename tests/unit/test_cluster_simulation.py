@@ -249,3 +249,25 @@ def test_every_slurm_node_resolves_the_allocation(nodes: int, tmp_path: Path, mo
         nnodes, endpoint = dry_run(["run", "-p", str(profile), str(script)])
         seen.add((nnodes, endpoint))
     assert seen == {(str(nodes), "127.0.0.1:0" if nodes == 1 else "p5-001:29500")}
+
+
+def test_doctor_at_index_1_waits_for_pod_0_to_be_published(tmp_path: Path, in_pod: Any) -> None:
+    """Pod 1 starts before pod 0 has an address: its doctor waits (doctor.dns_wait from the ConfigMap)
+    instead of failing once, and passes when the name appears."""
+    import threading
+
+    cluster = Cluster(2, tmp_path)
+    pod0, pod1 = cluster.pods
+    address = cluster.dns.pop(pod0.fqdn)
+    publish = threading.Timer(1.5, lambda: cluster.dns.__setitem__(pod0.fqdn, address))
+    node = tmp_path / "node-1"
+    shutil.copytree(NODE_FIXTURE, node)
+    doctor_container = cluster.spec["initContainers"][0]
+    in_pod(cluster, pod1, cluster.env(pod1, doctor_container))
+    publish.start()
+    try:
+        report = doctor([*cluster.argv(pod1, doctor_container), "--only", "dns,grace"], node)
+    finally:
+        publish.cancel()
+    rdzv = next(c for p in report["probes"] for c in p["checks"] if c["name"] == "rendezvous")
+    assert rdzv["status"] == "PASS" and "after" in rdzv["message"] and rdzv["measured"] == address
