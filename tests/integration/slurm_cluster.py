@@ -133,7 +133,7 @@ class SlurmCluster:
         self.run("slurmctld", "-f", str(d / "slurm.conf"), "-i")
         for node in NODES:
             self.run("slurmd", "-f", str(d / "slurm.conf"), "-N", node)
-        self._wait_idle(60)
+        self.wait_idle(60)
 
     def _write_conf(self) -> None:
         lines = [f"NodeName={n} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={max(os.cpu_count() or 1, 1)} State=UNKNOWN"
@@ -168,7 +168,8 @@ class SlurmCluster:
             argv.append("--force")  # no munge user: run it as root
         self.run(*argv)
 
-    def _wait_idle(self, timeout: float) -> None:
+    def wait_idle(self, timeout: float) -> None:
+        """Until both nodes are idle: no job on them, none still completing."""
         deadline = time.monotonic() + timeout
         out = ""
         while time.monotonic() < deadline:
