@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from difflib import get_close_matches
 from typing import Callable, Optional, Sequence
 
-from resctl.doctor import clock, dns, efa, env, gpu, memlock, memory, nvlink, shm, storage
+from resctl.doctor import clock, dns, efa, env, gpu, grace, memlock, memory, nvlink, shm, storage
 from resctl.doctor.context import Context
 from resctl.doctor.result import Check, ProbeResult, Report, Skip, Status
 from resctl.errors import UsageError
@@ -33,6 +33,7 @@ class Probe:
     summary: str
     run: Callable[[Context], list[Check]]
     heavy: Callable[[Context], bool] = lambda ctx: False
+    wait: Callable[[Context], float] = lambda ctx: 0.0  # seconds the probe may wait on purpose, added to its deadline
 
 
 PROBES: dict[str, Probe] = {p.name: p for p in (
@@ -45,9 +46,11 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("shm", "/dev/shm size and free space", shm.run),
     Probe("memlock", "locked-memory ulimit (RDMA needs unlimited)", memlock.run),
     Probe("env", "NCCL/NVRx environment (NCCL_NVLS_ENABLE with in-process restart, ...)", env.run),
-    Probe("dns", "rendezvous host and own hostname resolve", dns.run),
+    Probe("dns", "rendezvous host and own hostname resolve (waiting up to doctor.dns_wait)", dns.run,
+          wait=lambda ctx: ctx.profile.doctor.dns_wait),
     Probe("clock", "wall clock, NTP sync, clock source", clock.run),
     Probe("memory", "host memory available for checkpoint staging", memory.run),
+    Probe("grace", "final save < launcher term timeout < the scheduler's grace", grace.run),
 )}
 
 
@@ -114,7 +117,7 @@ def run(ctx: Context, names: Sequence[str], on_done: Optional[Callable[[ProbeRes
     results: dict[str, ProbeResult] = {}
     light = [p for p in probes if not p.heavy(ctx)]
     # each light probe is watched by its own thread, so all deadlines run concurrently
-    started_light = [(p, *_start(p, ctx, base)) for p in light]
+    started_light = [(p, *_start(p, ctx, base + p.wait(ctx))) for p in light]
     for p, t, box in started_light:
         t.join()
         results[p.name] = box["r"]

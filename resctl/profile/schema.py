@@ -401,6 +401,10 @@ class Doctor(Section):
     timeout: Duration = Field(
         10.0, gt=0, description="Time one probe may take before it counts as hung (storage and --deep get 6x)."
     )
+    dns_wait: Duration = Field(
+        0.0, ge=0, description="How long the dns probe waits for the rendezvous host to resolve (Kubernetes publishes "
+        "rank 0's name only once its pod has an address); 0 checks once."
+    )
 
 
 class Fault(Section):

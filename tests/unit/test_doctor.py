@@ -305,7 +305,7 @@ def test_expectations_layering(tmp_path: Path) -> None:
 
 
 def test_select() -> None:
-    assert select() == ["gpu", "nvlink", "efa", "storage", "shm", "memlock", "env", "dns", "clock", "memory"]
+    assert select() == ["gpu", "nvlink", "efa", "storage", "shm", "memlock", "env", "dns", "clock", "memory", "grace"]
     assert select(["shm", "gpu"], ["gpu"]) == ["shm"]
     with pytest.raises(UsageError, match="did you mean storage"):
         select(["storge"])

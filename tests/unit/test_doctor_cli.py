@@ -52,7 +52,7 @@ def test_this_cpu_machine(tmp_path: Path) -> None:
     assert_schema(doc)
     assert out.returncode == doc["exit_code"]
     probes = {p["name"]: p for p in doc["probes"]}
-    assert list(probes) == ["gpu", "nvlink", "efa", "storage", "shm", "memlock", "env", "dns", "clock", "memory"]
+    assert list(probes) == ["gpu", "nvlink", "efa", "storage", "shm", "memlock", "env", "dns", "clock", "memory", "grace"]
     for name in ("gpu", "nvlink", "efa"):  # no driver, no RDMA here
         assert probes[name]["status"] == "SKIP", probes[name]
     checks = {c["name"]: c for c in probes["storage"]["checks"]}
@@ -70,7 +70,7 @@ def test_strict_only_skip_and_usage_errors(tmp_path: Path) -> None:
     assert out.returncode == doc["exit_code"]
     out = doctor("--json", "--skip", "storage", "--skip", "dns,clock", cwd=tmp_path)
     assert {p["name"] for p in json.loads(out.stdout)["probes"]} == {"gpu", "nvlink", "efa", "shm", "memlock",
-                                                                     "env", "memory"}
+                                                                     "env", "memory", "grace"}
     bad = doctor("--only", "gpuu", cwd=tmp_path)
     assert bad.returncode == 2 and "did you mean gpu?" in bad.stderr and "Traceback" not in bad.stderr
     bad = doctor("--set", "doctor.gpus=-1", cwd=tmp_path)

@@ -1,0 +1,198 @@
+"""examples/slurm/train.sbatch, unchanged, on a real two-node Slurm (Debian's 22.05 packages, two slurmd
+on this host as n1 and n2; see slurm_cluster.py). The CPU variant (`sbatch --gpus-per-node=0`) trains
+examples/train_ckpt.py with one gloo worker per node.
+
+Signals are sent the way Slurm sends them: the pre-timeout warning of `--signal=B:USR1@300` is
+`scancel --signal=USR1 --batch` (the batch shell only), preemption with a GraceTime is SIGTERM to the
+job's steps (`scancel --signal=TERM`, not the batch shell), a user's cancel is a plain `scancel`.
+
+Known shim race (not the kit's): each worker saves at its next step boundary after SIGTERM. When the two
+nodes' signals land on either side of one boundary, rank 1 saves (nothing to write: rank 0 writes the
+replicated state) and exits while rank 0 is already in the next step's all-reduce, which gloo fails
+before rank 0's final save. The tests xfail on exactly that signature (seen in about 1 of 5 runs) and
+fail on any other short save.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resctl.checkpoint.format import list_step_dirs, read_manifest
+from resctl.telemetry.events import read_events
+from tests.integration.slurm_cluster import SlurmCluster, _free_port, missing
+
+REPO = Path(__file__).resolve().parents[2]
+SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
+PROFILE = REPO / "tests" / "fixtures" / "slurm" / "cpu.toml"
+SCRIPT = REPO / "examples" / "train_ckpt.py"
+
+pytestmark = pytest.mark.slow
+
+# Seconds each step sleeps after the optimizer step: mostly sleep, so a SIGTERM usually lands between
+# step boundaries on both ranks (the race in the docstring needs it to straddle one).
+STEP_TIME = "0.2"
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def submit(slurm: SlurmCluster, work: Path, *sbatch_args: str, doctor: bool = True) -> str:
+    work.mkdir(parents=True, exist_ok=True)
+    env = {
+        **slurm.env,
+        "PATH": f"{Path(sys.executable).parent}:{slurm.env.get('PATH', '')}",
+        "RESCTL": f"{sys.executable} -m resctl",
+        "PROFILE": str(PROFILE),
+        "SCRIPT": str(SCRIPT),
+        "DOCTOR": "1" if doctor else "0",
+        "RESCTL_CHECKPOINT_DIR": str(work / "ckpt"),
+        "RESCTL_LAUNCH_RUN_DIR": str(work / "run"),
+        "RESCTL_LAUNCH_RDZV_PORT": str(_free_port()),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    import subprocess
+
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--gpus-per-node=0", f"--chdir={work}", f"--output={work}/out.log", *sbatch_args, str(SBATCH),
+         "--steps", "1000000", "--step-time", STEP_TIME],
+        env=env, capture_output=True, text=True, timeout=30, check=True,
+    ).stdout
+    return out.strip().split(";")[0]
+
+
+def wait_for(what: str, predicate: Any, timeout: float, slurm: SlurmCluster, work: Path, job: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    states: list[str] = []
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if job:
+            state = slurm.job(job)
+            seen = f"{state['JobState']}/{state.get('Reason')}"
+            if not states or states[-1] != seen:
+                states.append(seen)
+            if state["JobState"] in ("FAILED", "CANCELLED", "COMPLETED", "TIMEOUT", "NODE_FAIL"):
+                break  # it will not happen any more
+        time.sleep(0.3)
+    text = (work / "out.log").read_text(errors="replace") if (work / "out.log").exists() else "(no log)"
+    key = "\n".join(line for line in text.splitlines()
+                    if re.match(r"(resctl:|srun:|slurmstepd|\[rank \d\] resumed|\w*Error)", line))
+    state = {k: v for k, v in slurm.job(job).items() if k in ("JobState", "Reason", "Restarts", "ExitCode")} if job else {}
+    raise AssertionError(f"gave up after {timeout}s (or the job ended) waiting for {what}; job {state}, states seen "
+                         f"{' -> '.join(states)}\n"
+                         f"--- job log, key lines\n{key}\n--- job log, end\n{text[-3000:]}\n{slurm.logs()}")
+
+
+def steps_reached(work: Path) -> int:
+    """The highest optimizer step any rank reported."""
+    return max((e["step"] for e in read_events(work / "run") if e["kind"] == "step"), default=0)
+
+
+def newest_checkpoint(work: Path) -> int:
+    """The newest complete, verified checkpoint's step (0 when none)."""
+    for step, path in list_step_dirs(work / "ckpt"):
+        try:
+            read_manifest(path / "manifest.json")
+            return step
+        except Exception:
+            continue
+    return 0
+
+
+def final_save_or_known_race(work: Path, reached: int, after: float) -> None:
+    """The newest checkpoint is at `reached`; else xfail when (and only when) the shim's cross-rank race
+    explains it: a peer saved and exited on SIGTERM, and then rank 0's collective failed in gloo before
+    rank 0 had made its final save (its SIGTERM came later, or after its last step boundary)."""
+    newest = newest_checkpoint(work)
+    if newest == reached:
+        return
+    events = [e for e in read_events(work / "run") if e["t"] >= after]
+    torn = [e["t"] for e in events if e["rank"] == 0 and e["kind"] == "fault" and e.get("cause") == "exception"
+            and "gloo" in e.get("error", "")]
+    peer_left = [e["t"] for e in events if e["rank"] != 0 and e["kind"] == "end" and e.get("status") == "sigterm"]
+    if torn and peer_left and min(peer_left) < min(torn):
+        pytest.xfail(f"shim race: a peer saved and exited on SIGTERM, then rank 0's all-reduce failed before its "
+                     f"final save (newest checkpoint {newest}, training reached {reached}); see the module docstring")
+    raise AssertionError(f"final checkpoint at {newest}, training had reached step {reached}")
+
+
+def sigterm_ends(work: Path) -> list[dict[str, Any]]:
+    return [e for e in read_events(work / "run") if e["kind"] == "end" and e.get("status") == "sigterm"]
+
+
+def test_pretimeout_signal_saves_requeues_and_resumes_then_preemption_saves(slurm: SlurmCluster, tmp_path: Path) -> None:
+    work = tmp_path / "job"
+    # A 1-minute limit whose warning comes 40 s before it: Slurm itself sends USR1 to the batch shell
+    # (its timer runs every ~30 s, so 20-50 s after the start). No doctor step, so the warning lands in training.
+    job = submit(slurm, work, "--time=1", "--signal=B:USR1@40", doctor=False)
+    wait_for("two nodes training", lambda: {e["rank"] for e in read_events(work / "run") if e["kind"] == "step"} == {0, 1},
+             120, slurm, work, job)
+    state = slurm.job(job)
+    assert state["NodeList"] == "n[1-2]" and state["NumNodes"] == "2", state
+
+    # Requeued: pending again with the same id, held until its BeginTime (now + 120 s in 22.05).
+    requeued = {"JobState": "PENDING", "Restarts": "1", "Reason": "BeginTime"}
+    wait_for("the pre-timeout requeue", lambda: requeued.items() <= slurm.job(job).items(), 120, slurm, work)
+    reached = steps_reached(work)
+    final_save_or_known_race(work, reached, after=0)
+    ends = sigterm_ends(work)
+    # Rank 0 writes the (replicated) state. Rank 1 usually ends the same way, but when it is inside an
+    # all-reduce as rank 0 exits, gloo's "connection closed by peer" can reach it before its SIGTERM handler.
+    assert 0 in {e["rank"] for e in ends}, "rank 0 stopped on SIGTERM and saved"
+    assert reached > 0
+    assert all(e["step"] == reached for e in ends)
+    log = (work / "out.log").read_text()
+    assert "time limit near (USR1)" in log and "requeueing job" in log
+    assert "forcing job termination" not in log and "Killed" not in log, "srun must not SIGKILL the step"
+
+    # Start it now rather than in 120 s, with room to finish this test, once the old allocation is released.
+    # Not in the same second as the requeue: slurmd revokes the job's credential at the kill (1 s resolution)
+    # and refuses a new one from that second ("Killing non-startable batch job: Job credential revoked").
+    slurm.wait_idle(60)
+    time.sleep(2)
+    slurm.run("scontrol", "update", f"jobid={job}", "starttime=now", "timelimit=30")
+    wait_for("the requeued job to resume", lambda: f"resumed from checkpoint step {reached}" in
+             (work / "out.log").read_text(), 120, slurm, work, job)
+    wait_for("training past the resume point", lambda: steps_reached(work) >= reached + 30, 120, slurm, work, job)
+    assert len(re.findall(r"\[rank \d\] resumed from checkpoint step", (work / "out.log").read_text())) == 2
+
+    # Preemption: SIGTERM to the steps (what Slurm sends for GraceTime), not to the batch shell.
+    preempted_at = time.time()
+    slurm.run("scancel", "--signal=TERM", job)
+    wait_for("the job to end", lambda: slurm.job(job)["JobState"] not in ("RUNNING", "PENDING", "COMPLETING"),
+             90, slurm, work)
+    reached2 = steps_reached(work)
+    assert reached2 > reached
+    final_save_or_known_race(work, reached2, after=preempted_at)
+    final = slurm.job(job)
+    assert final["Restarts"] == "1", "the script requeues only on the pre-timeout signal"
+
+
+def test_user_scancel_stops_without_requeue(slurm: SlurmCluster, tmp_path: Path) -> None:
+    work = tmp_path / "job"
+    job = submit(slurm, work)  # with the doctor preflight on both nodes
+    wait_for("training past step 20", lambda: steps_reached(work) >= 20, 120, slurm, work, job)
+    slurm.run("scancel", job)
+    wait_for("the job to end", lambda: slurm.job(job)["JobState"] not in ("RUNNING", "COMPLETING"), 90, slurm, work)
+    time.sleep(2)  # a requeue from the batch script would show up as PENDING now
+    state = slurm.job(job)
+    assert state["JobState"] == "CANCELLED" and state["Restarts"] == "0", state
+    assert "stopping without requeue" in (work / "out.log").read_text()
