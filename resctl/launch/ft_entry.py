@@ -20,6 +20,12 @@ checks for the exact gap it fills:
   default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
   the end of the job waits for the next poll; the interval still paces the other checks.
 
+- **Quiet console.** With `RESCTL_RUN_DIR` set and not `RESCTL_VERBOSE=1`, the launcher's and its
+  rank monitors' log lines go to `<run_dir>/launcher.log` (the Python `sys.stderr` of this process,
+  which forked rank monitors inherit); the console keeps the workers' own output (their file
+  descriptors are untouched; a forked worker's shim puts `sys.stderr` back, `resctl.shim.fork_env`)
+  and one line per worker-group restart.
+
 Forked workers inherit the launcher's memory: the patches are undone in every child at fork.
 """
 
@@ -34,8 +40,10 @@ from resctl.launch import stop
 from resctl.patching import Patches
 
 # Imported once in the launcher when workers are forked from it, so no worker pays for them again.
-# torch imports torch._dynamo (and sympy) lazily on the first optimizer it builds: seconds per worker.
-PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "torch._dynamo", "torch.distributed.fsdp",
+# Not torch._dynamo (and sympy), which torch imports on the first optimizer a script builds: about
+# 1 s, which the launcher would pay before any worker starts, on every job (a script that never
+# builds one included); workers import it in parallel, as under torchrun (bench_happy_path.py).
+PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "torch.distributed.fsdp",
            "resctl.shim.runtime", "resctl.checkpoint", "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
 
 PATCHES = Patches("launcher")
@@ -61,6 +69,25 @@ class _Agent:
             return [int(p) for p in pcontext.pids().values()]
         except Exception:  # noqa: BLE001 - a context being torn down
             return []
+
+
+    @classmethod
+    def result_fds(cls) -> list[int]:
+        """Read ends of the return-value queues of forked workers that have not reported yet.
+        A forked worker that finished puts its result there and then waits for the launcher to
+        read it before it exits (torch's `MultiprocessContext`), so its end is seen here first."""
+        pcontext = getattr(cls.current, "_pcontext", None)
+        queues = getattr(pcontext, "_ret_vals", None) or {}
+        done = getattr(pcontext, "_return_values", None) or {}
+        fds = []
+        for local_rank, queue in queues.items():
+            if local_rank in done:
+                continue
+            try:
+                fds.append(queue._reader.fileno())
+            except (AttributeError, OSError, ValueError):  # closed, or another queue type
+                continue
+        return fds
 
 
 def _stop_file() -> Any:
@@ -155,7 +182,7 @@ class _WakeOnWorkerExit:
             if not alive:
                 self._real.sleep(seconds)
             else:
-                select.select(alive, [], [], seconds)
+                select.select(alive + _Agent.result_fds(), [], [], seconds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -201,8 +228,47 @@ def _launcher_title() -> str:
         return "resctl-launcher"
 
 
+LOG_FILE = "launcher.log"
+RESTART_MESSAGE = "will restart worker group"  # torch elastic's line when a worker group failed
+
+
+class _RestartLine:
+    """A console logging handler: one `resctl:` line when the launcher restarts the worker group."""
+
+    def __init__(self, console: Any) -> None:
+        import logging
+
+        self.handler = logging.StreamHandler(console)
+        self.handler.setLevel(logging.WARNING)
+        self.handler.addFilter(lambda record: RESTART_MESSAGE in record.getMessage())
+        self.handler.setFormatter(logging.Formatter("resctl: %(message)s (details: launcher.log)"))
+
+
+def quiet_logs(env: Any = os.environ) -> str | None:
+    """Send this process's log lines (and its forked rank monitors') to `<run_dir>/launcher.log`;
+    returns the file, or None when the console keeps them (`RESCTL_VERBOSE=1`, no run dir)."""
+    import logging
+    import sys
+
+    run_dir = env.get("RESCTL_RUN_DIR")
+    if not run_dir or env.get("RESCTL_VERBOSE") == "1":
+        return None
+    path = os.path.join(run_dir, LOG_FILE)
+    log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - for the process's life
+    console = sys.stderr
+    sys.stderr = log  # NVRx's basicConfig and rank-monitor handlers bind to sys.stderr when made
+    logging.basicConfig(
+        stream=log, level=os.getenv("FT_LAUNCHER_LOGLEVEL", "INFO"),
+        format=f"[%(asctime)s] [%(levelname)s] [ft_launcher{os.getpid()}] %(message)s",
+    )
+    logging.getLogger().addHandler(_RestartLine(console).handler)
+    return path
+
+
 def main() -> None:
     import atexit
+
+    quiet_logs()
 
     marker = stop.file_for(os.getpid())
     os.environ[stop.ENV] = str(marker)
@@ -216,7 +282,28 @@ def main() -> None:
     set_title(_launcher_title())
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as launcher_main
 
-    launcher_main()
+    try:
+        launcher_main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    exit_quickly(code)
+
+
+def exit_quickly(code: int) -> None:
+    """Exit as the interpreter would, less its teardown of every module (torch's takes about
+    0.5 s): the atexit handlers run (logging's flush, multiprocessing's children, the marker file),
+    then the standard streams are flushed."""
+    import atexit
+    import sys
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
