@@ -20,18 +20,20 @@ checks for the exact gap it fills:
   default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
   the end of the job waits for the next poll; the interval still paces the other checks.
 
-- **Quiet console.** With `RESCTL_RUN_DIR` set and not `RESCTL_VERBOSE=1`, the launcher's and its
-  rank monitors' log lines go to `<run_dir>/launcher.log` (the Python `sys.stderr` of this process,
-  which forked rank monitors inherit); the console keeps the workers' own output (their file
-  descriptors are untouched; a forked worker's shim puts `sys.stderr` back, `resctl.shim.fork_env`)
-  and one line per worker-group restart.
+- **Quiet console.** With `RESCTL_RUN_DIR` set and not `RESCTL_VERBOSE=1`, the launcher's log
+  lines and warnings and its rank monitors' lines go to `<run_dir>/launcher.log` (the logging
+  root handler; the `sys` the rank-monitor module sees); the console keeps the workers' own
+  output (the process's stdout and stderr, which workers inherit, are untouched) and one line per
+  worker-group restart.
 
 Forked workers inherit the launcher's memory: the patches are undone in every child at fork.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import select
 import signal
 from typing import Any
@@ -40,11 +42,13 @@ from resctl.launch import stop
 from resctl.patching import Patches
 
 # Imported once in the launcher when workers are forked from it, so no worker pays for them again.
-# Not torch._dynamo (and sympy), which torch imports on the first optimizer a script builds: about
-# 1 s, which the launcher would pay before any worker starts, on every job (a script that never
-# builds one included); workers import it in parallel, as under torchrun (bench_happy_path.py).
-PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "torch.distributed.fsdp",
-           "resctl.shim.runtime", "resctl.checkpoint", "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
+# Only what every worker imports (torch, the shim): not torch._dynamo (and sympy), which torch
+# imports on the first optimizer a script builds (about 1 s), nor torch.distributed.fsdp (0.5 s),
+# which the launcher would pay before any worker starts on every job, the scripts that never use
+# them included; workers import those in parallel when they need them, as under torchrun
+# (bench/bench_happy_path.py).
+PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "resctl.shim.runtime", "resctl.checkpoint.engine",
+           "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
 
 PATCHES = Patches("launcher")
 
@@ -230,38 +234,74 @@ def _launcher_title() -> str:
 
 LOG_FILE = "launcher.log"
 RESTART_MESSAGE = "will restart worker group"  # torch elastic's line when a worker group failed
+FAILED_MESSAGE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")  # ... and a worker's failure
 
 
-class _RestartLine:
-    """A console logging handler: one `resctl:` line when the launcher restarts the worker group."""
+class FaultLines(logging.Handler):
+    """Console handler of a quiet launcher: one `resctl:` line per worker-group restart, naming the
+    failure before it (its last traceback line); the rest of both records is in launcher.log."""
 
     def __init__(self, console: Any) -> None:
-        import logging
+        super().__init__(logging.INFO)
+        self.console = console
+        self.failure = ""
 
-        self.handler = logging.StreamHandler(console)
-        self.handler.setLevel(logging.WARNING)
-        self.handler.addFilter(lambda record: RESTART_MESSAGE in record.getMessage())
-        self.handler.setFormatter(logging.Formatter("resctl: %(message)s (details: launcher.log)"))
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            failed = FAILED_MESSAGE.search(message)
+            if failed:
+                text = message + "\n" + (str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
+                lines = [line.strip() for line in text.splitlines() if line.strip()]
+                cause = lines[-1] if len(lines) > 1 else f"exit code {failed.group(1)}"
+                self.failure = f"local rank {failed.group(2)} failed ({cause[:200]})"
+            elif RESTART_MESSAGE in message:
+                left = re.search(r"(\d+)/(\d+) attempts left", message)
+                restarts = f", {left.group(1)} of {left.group(2)} restarts left" if left else ""
+                self.console.write(f"resctl: {self.failure or 'a worker failed'}; restarting the workers{restarts} "
+                                   "(details: launcher.log in the run directory)\n")
+                self.console.flush()
+                self.failure = ""
+        except Exception:  # noqa: BLE001 - a console line is never worth a launcher crash
+            self.handleError(record)
+
+
+class _LogSys:
+    """Stands in for the `sys` module inside NVRx's rank-monitor module: its loggers (made in the
+    forked monitor process) write to the launcher's log file instead of the console."""
+
+    def __init__(self, real: Any, log: Any) -> None:
+        self._real = real
+        self.stdout = self.stderr = log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+QUIET = Patches("quiet launcher")  # not undone at fork: the rank monitors are forked children
 
 
 def quiet_logs(env: Any = os.environ) -> str | None:
-    """Send this process's log lines (and its forked rank monitors') to `<run_dir>/launcher.log`;
-    returns the file, or None when the console keeps them (`RESCTL_VERBOSE=1`, no run dir)."""
-    import logging
+    """Send the launcher's log lines, its warnings and its rank monitors' lines to
+    `<run_dir>/launcher.log`, keeping one console line per worker-group restart; returns the file,
+    or None when the console keeps them (`RESCTL_VERBOSE=1`, no run dir). The process's own
+    stdout and stderr, which the workers inherit, are left alone."""
     import sys
 
     run_dir = env.get("RESCTL_RUN_DIR")
-    if not run_dir or env.get("RESCTL_VERBOSE") == "1":
+    if not run_dir or env.get("RESCTL_VERBOSE") == "1" or QUIET:
         return None
     path = os.path.join(run_dir, LOG_FILE)
     log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - for the process's life
-    console = sys.stderr
-    sys.stderr = log  # NVRx's basicConfig and rank-monitor handlers bind to sys.stderr when made
-    logging.basicConfig(
+    logging.basicConfig(  # before NVRx's own basicConfig (at its import), which then does nothing
         stream=log, level=os.getenv("FT_LAUNCHER_LOGLEVEL", "INFO"),
         format=f"[%(asctime)s] [%(levelname)s] [ft_launcher{os.getpid()}] %(message)s",
     )
-    logging.getLogger().addHandler(_RestartLine(console).handler)
+    logging.captureWarnings(True)
+    logging.getLogger().addHandler(FaultLines(sys.stderr))
+    from nvidia_resiliency_ext.fault_tolerance import rank_monitor_server
+
+    QUIET.set(rank_monitor_server, "sys", _LogSys(sys, log))
     return path
 
 

@@ -12,8 +12,6 @@ whether it still takes effect in a forked one:
   it imports torch, so a forked worker has it already.
 - `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR`/`PORT`, `TORCHELASTIC_*`, `TORCH_NCCL_*`,
   `NCCL_*`: read when the process group is made (after the fork): nothing to do.
-- Python's `sys.stderr`: a quiet launcher points it at its log file (`resctl.launch.ft_entry`);
-  the worker's is its own fd 2 again, as in an exec'd worker.
 - `CUDA_VISIBLE_DEVICES`: read when CUDA initialises, which the launcher never does (`preload`
   checks): a worker's own value takes effect.
 """
@@ -37,11 +35,9 @@ def omp_threads(env: Mapping[str, str]) -> int | None:
 
 
 def apply(env: Mapping[str, str] = os.environ) -> None:
-    """In a worker forked from the launcher: Python's stderr back on the worker's own, and torch's
-    intra-op pool sized as the worker's environment says. A no-op in an exec'd worker (torch not imported yet: it reads the variable
+    """In a worker forked after torch was imported: size torch's intra-op pool as the worker's
+    environment says. A no-op in an exec'd worker (torch not imported yet: it reads the variable
     itself) and when the value already holds."""
-    if sys.stderr is not sys.__stderr__ and str(getattr(sys.stderr, "name", "")).endswith("launcher.log"):
-        sys.stderr = sys.__stderr__
     torch = sys.modules.get("torch")
     wanted = omp_threads(env)
     if torch is None or wanted is None or torch.get_num_threads() == wanted:
