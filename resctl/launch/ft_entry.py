@@ -41,14 +41,27 @@ from typing import Any
 from resctl.launch import stop
 from resctl.patching import Patches
 
-# Imported once in the launcher when workers are forked from it, so no worker pays for them again.
-# Only what every worker imports (torch, the shim): not torch._dynamo (and sympy), which torch
-# imports on the first optimizer a script builds (about 1 s), nor torch.distributed.fsdp (0.5 s),
-# which the launcher would pay before any worker starts on every job, the scripts that never use
-# them included; workers import those in parallel when they need them, as under torchrun
-# (bench/bench_happy_path.py).
+# Imported once in the launcher when workers are forked from it, so no worker pays for them again:
+# what every worker imports (torch, the shim), before the first workers start. What a script may
+# import later (torch imports torch._dynamo and sympy on the first optimizer it builds: about 1 s;
+# FSDP 0.5 s) is imported before the workers are started again after a failure: neither a job's
+# start nor a job that never uses them waits for them (the happy path is torchrun's, measured in
+# bench/bench_happy_path.py), and restarted workers are forked with them loaded. (Importing them in
+# a thread while the first workers run was tried: the end of a short job waited for its import lock.)
 PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "resctl.shim.runtime", "resctl.checkpoint.engine",
            "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
+RESTART_PRELOAD = ("torch._dynamo", "torch.distributed.fsdp")
+
+
+def _import(names: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a worker that needs it imports it (and reports) itself
+            continue
+
 
 PATCHES = Patches("launcher")
 
@@ -57,6 +70,7 @@ class _Agent:
     """The launcher's elastic agent, once it has started workers (for the patches below)."""
 
     current: Any = None
+    starts = 0  # worker groups started (the first, then one per restart)
 
     @classmethod
     def stop_timeout(cls) -> float | None:
@@ -157,6 +171,9 @@ def _quick_restart_stops(patches: Patches) -> None:
     def tracked_start_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
         _Agent.current = self
         stop.clear(_stop_file())
+        if os.environ.get("RESCTL_PRELOAD") == "1" and _Agent.starts:
+            _import(RESTART_PRELOAD)
+        _Agent.starts += 1
         return start_workers(self, *args, **kwargs)
 
     patches.set(agent_cls, "_stop_workers", marked_stop_workers)
@@ -213,6 +230,7 @@ def apply_adapters() -> list[str]:
 def undo_adapters() -> None:
     PATCHES.undo()
     _Agent.current = None
+    _Agent.starts = 0
 
 
 def preload() -> None:

@@ -174,6 +174,9 @@ class Shim:
         step pings at once, which starts NVRx's manual progress timeout for the iteration."""
         self.progress = ping
         self._last_ping = 0.0
+        if ping is not None:  # an iteration (re)starts: the rank monitor hears of it now, and of its first step
+            self._next_beat = 0.0
+            self.heartbeats.beat()
 
     def checkpoint_beat(self) -> None:
         """Heartbeat for the checkpoint engine (before/after saves, during long writes)."""
@@ -222,6 +225,7 @@ class Shim:
     def on_resume(self, step: int, load_seconds: float = 0.0, **detail: Any) -> None:
         self.step = step
         self._last_step_t = time.monotonic()  # the first step's duration excludes start-up and load
+        self._next_beat = 0.0  # the first step after a resume beats at once
         self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6), **detail)
 
     def on_restart_stop(self) -> None:
