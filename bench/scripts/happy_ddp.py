@@ -47,6 +47,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         print(f"STEPS n={len(times)} median_us={statistics.median(times) * 1e6:.1f} "
               f"mean_us={statistics.fmean(times) * 1e6:.1f} threads={torch.get_num_threads()}", flush=True)
+    dist.barrier()  # every rank done before the group goes (gloo aborts a rank that destroys it early)
     dist.destroy_process_group()
 
 
