@@ -44,13 +44,53 @@ from resctl.patching import Patches
 # Imported once in the launcher when workers are forked from it, so no worker pays for them again:
 # what every worker imports (torch, the shim), before the first workers start. What a script may
 # import later (torch imports torch._dynamo and sympy on the first optimizer it builds: about 1 s;
-# FSDP 0.5 s) is imported before the workers are started again after a failure: neither a job's
-# start nor a job that never uses them waits for them (the happy path is torchrun's, measured in
-# bench/bench_happy_path.py), and restarted workers are forked with them loaded. (Importing them in
-# a thread while the first workers run was tried: the end of a short job waited for its import lock.)
+# FSDP 0.5 s) is imported in a thread once the first workers have run `LATE_AFTER` seconds, or
+# before workers are started again if that was sooner: a job's start never waits for them, nor a
+# short job's end (the happy path is torchrun's, bench/bench_happy_path.py), and restarted workers
+# are forked with them loaded (in-job recovery in well under a second, bench/bench_recovery.py).
 PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "resctl.shim.runtime", "resctl.checkpoint.engine",
            "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
-RESTART_PRELOAD = ("torch._dynamo", "torch.distributed.fsdp")
+LATE_PRELOAD = ("torch._dynamo", "torch.distributed.fsdp")
+LATE_AFTER = 3.0  # seconds the first workers run before LATE_PRELOAD is imported beside them
+
+
+class _LatePreload:
+    """`LATE_PRELOAD`, imported in a thread beside running workers. Every fork of the launcher
+    (workers, rank monitors) happens in `_start_workers`, which first waits for the thread (a child
+    forked while another thread holds an import lock could deadlock on it) or imports them itself."""
+
+    thread: Any = None
+    started_at: float | None = None
+
+    @classmethod
+    def enabled(cls) -> bool:
+        return os.environ.get("RESCTL_PRELOAD") == "1"
+
+    @classmethod
+    def workers_started(cls) -> None:
+        import time
+
+        if cls.started_at is None:
+            cls.started_at = time.monotonic()
+
+    @classmethod
+    def maybe_start(cls) -> None:
+        """From the monitor loop: start the thread once the first workers have run long enough."""
+        import threading
+        import time
+
+        if cls.thread is not None or cls.started_at is None or not cls.enabled():
+            return
+        if time.monotonic() - cls.started_at >= LATE_AFTER:
+            cls.thread = threading.Thread(target=_import, args=(LATE_PRELOAD,), name="resctl-preload", daemon=True)
+            cls.thread.start()
+
+    @classmethod
+    def before_fork(cls) -> None:
+        if cls.thread is not None:
+            cls.thread.join()
+        elif cls.started_at is not None and cls.enabled():  # a restart came first
+            _import(LATE_PRELOAD)
 
 
 def _import(names: tuple[str, ...]) -> None:
@@ -70,7 +110,6 @@ class _Agent:
     """The launcher's elastic agent, once it has started workers (for the patches below)."""
 
     current: Any = None
-    starts = 0  # worker groups started (the first, then one per restart)
 
     @classmethod
     def stop_timeout(cls) -> float | None:
@@ -171,10 +210,10 @@ def _quick_restart_stops(patches: Patches) -> None:
     def tracked_start_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
         _Agent.current = self
         stop.clear(_stop_file())
-        if os.environ.get("RESCTL_PRELOAD") == "1" and _Agent.starts:
-            _import(RESTART_PRELOAD)
-        _Agent.starts += 1
-        return start_workers(self, *args, **kwargs)
+        _LatePreload.before_fork()
+        started = start_workers(self, *args, **kwargs)
+        _LatePreload.workers_started()
+        return started
 
     patches.set(agent_cls, "_stop_workers", marked_stop_workers)
     patches.set(agent_cls, "_start_workers", tracked_start_workers)
@@ -191,6 +230,7 @@ class _WakeOnWorkerExit:
         return getattr(self._real, name)
 
     def sleep(self, seconds: float) -> None:
+        _LatePreload.maybe_start()
         fds = []
         for pid in _Agent.live_pids():
             try:
@@ -230,7 +270,6 @@ def apply_adapters() -> list[str]:
 def undo_adapters() -> None:
     PATCHES.undo()
     _Agent.current = None
-    _Agent.starts = 0
 
 
 def preload() -> None:
