@@ -397,7 +397,8 @@ def exit_quickly(code: int) -> None:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
     os._exit(code)
