@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--launchers", default="torchrun,resctl")
     ap.add_argument("--resctl-args", default="", help="extra `resctl run` arguments, space separated")
     ap.add_argument("--script-args", default="", help="extra script arguments, space separated")
-    ap.add_argument("--timeout", type=float, default=180)
+    ap.add_argument("--timeout", type=float, default=120, help="seconds a round may take")
     args = ap.parse_args()
     args.kill_rank = args.nproc - 1 if args.kill_rank < 0 else args.kill_rank
     args.resctl_args = args.resctl_args.split()
@@ -157,6 +157,7 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix=f"kill-{launcher}-") as tmp:
                     try:
                         result[kind][launcher].append(round(fn(launcher, args, Path(tmp), env), 3))
+                        print(f"{kind} {launcher} {result[kind][launcher][-1]}", file=sys.stderr, flush=True)
                     except Exception:  # noqa: BLE001 - a failed round is reported, the others still count
                         result.setdefault("errors", []).append(f"{kind} {launcher}: {traceback.format_exc()}"[-3000:])
     result["p50"] = {kind: {l: (statistics.median(v) if v else None) for l, v in result[kind].items()}

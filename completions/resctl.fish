@@ -22,6 +22,7 @@ complete -c resctl -n '__fish_seen_subcommand_from run' -l master_addr
 complete -c resctl -n '__fish_seen_subcommand_from run' -l master_port
 complete -c resctl -n '__fish_seen_subcommand_from run' -l max-restarts
 complete -c resctl -n '__fish_seen_subcommand_from run' -l max_restarts
+complete -c resctl -n '__fish_seen_subcommand_from run' -l metrics-addr
 complete -c resctl -n '__fish_seen_subcommand_from run' -l metrics-port
 complete -c resctl -n '__fish_seen_subcommand_from run' -l module
 complete -c resctl -n '__fish_seen_subcommand_from run' -l monitor-interval

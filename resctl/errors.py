@@ -29,7 +29,8 @@ class Problem:
         head = f"{self.source} -> {self.key}" if self.key else self.source
         lines = [f"{head}: {self.message}"]
         if self.value is not None:
-            lines.append(f"    value: {self.value!r}")
+            shown = repr(self.value)
+            lines.append(f"    value: {shown if len(shown) <= 200 else shown[:160] + f'... ({len(shown)} characters)'}")
         if self.fix:
             lines.append(f"    fix:   {self.fix}")
         return "\n".join(lines)

@@ -51,15 +51,31 @@ app.command("tune-interval", epilog=tune_cmd.EPILOG)(tune_cmd.tune_interval)
 app.command("report", epilog=report_cmd.EPILOG)(report_cmd.report)
 
 
-def main() -> None:
-    from resctl.errors import EXIT_USAGE, ResctlError
+INTERNAL = "internal error (a bug in resctl):"
 
+
+def main() -> None:
+    from resctl.errors import EXIT_FAILURE, EXIT_USAGE, ResctlError
+
+    debug = os.environ.get("RESCTL_DEBUG") == "1"
     try:
         app(prog_name="resctl")
     except ResctlError as err:
-        if os.environ.get("RESCTL_DEBUG") == "1":
+        if debug:
             raise
         from resctl.cli.render import error
 
         error(str(err))
         sys.exit(err.exit_code if err.exit_code else EXIT_USAGE)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        sys.exit(130)  # 128 + SIGINT, as a shell reports it
+    except Exception as err:  # a bug in resctl: say so in one line; the traceback is for RESCTL_DEBUG=1
+        if debug:
+            raise
+        from resctl.cli.render import error
+
+        error(f"{INTERNAL} {type(err).__name__}: {err}. Run again with RESCTL_DEBUG=1 for the traceback, "
+              "and report it with the command line used.")
+        sys.exit(EXIT_FAILURE)

@@ -47,6 +47,7 @@ def doctor(
     if storage_mb is not None:
         sets.append(f"doctor.storage_test_mb={storage_mb}")
     resolved = resolve(profile, sets=sets)
+    err_console.print(resolved.loaded(), markup=False, highlight=False)
     if root != Path("/") and not root.is_dir():
         raise UsageError(f"--root {root}: not a directory")
     explicit = frozenset(k for k in resolved.sources if k.startswith("doctor."))

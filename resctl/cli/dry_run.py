@@ -6,22 +6,31 @@ import shlex
 
 from resctl.cli.render import out_console
 from resctl.launch.execute import launcher_program
-from resctl.launch.plan import LaunchPlan, redact
+from resctl.launch.plan import LaunchPlan
+from resctl.redact import redact_argv, redact_text, redact_value
+
+
+def _print(text: str) -> None:
+    # Arguments and paths may carry undecodable bytes (lone surrogates from argv): show them escaped.
+    out_console.print(text.encode("utf-8", "backslashreplace").decode("utf-8"), markup=False)
 
 
 def render(launch_plan: LaunchPlan) -> None:
-    out_console.print("# command", markup=False)
-    out_console.print(shlex.join(launch_plan.command(launcher_program())), markup=False)
-    out_console.print("\n# environment added", markup=False)
+    _print("# command")
+    _print(shlex.join(redact_argv(launch_plan.command(launcher_program()))))
+    _print("\n# environment added")
     for name, value in sorted(launch_plan.env.items()):
-        out_console.print(f"{name}={shlex.quote(redact(name, value))}", markup=False)
-    out_console.print("\n# files written before launch", markup=False)
+        _print(f"{name}={shlex.quote(redact_value(name, value))}")
+    _print("\n# files written before launch")
     for path in launch_plan.files:
-        out_console.print(str(path), markup=False)
-    out_console.print(f"\n# where each setting came from (NVRx {launch_plan.nvrx_version}, series {launch_plan.nvrx_series})",
-                      markup=False)
-    width = max(len(f"{flag} {value}") for flag, value, _ in launch_plan.settings)
-    for flag, value, source in launch_plan.settings:
-        out_console.print(f"{flag} {value}".ljust(width) + f"  <- {source}", markup=False)
+        _print(str(path))
+    _print(f"\n# where each setting came from (NVRx {launch_plan.nvrx_version}, series {launch_plan.nvrx_series})")
+    settings = [(flag, " ".join(redact_argv([flag, value])[1:]), source) for flag, value, source in launch_plan.settings]
+    width = max(len(f"{flag} {value}") for flag, value, _ in settings)
+    for flag, value, source in settings:
+        _print(f"{flag} {value}".ljust(width) + f"  <- {source}")
     for note in launch_plan.notes:
-        out_console.print(f"note: {note}", markup=False)
+        _print(f"note: {redact_text(note)}")
+    _print("\n# recovery layers")
+    for layer in launch_plan.layers:
+        _print(layer)

@@ -28,19 +28,29 @@ def show(
     from rich.table import Table
 
     from resctl.profile.load import resolve
-    from resctl.profile.schema import keys
     from resctl.profile.render import show_value
+    from resctl.profile.schema import keys
+    from resctl.redact import redact_env, redact_rdzv_conf, redact_text
 
     resolved = resolve(profile, sets=set_ or [])
+    info(resolved.loaded())
+    # Secrets stay off the screen: strings by their shape, launch.env by name and shape, rdzv_conf values
+    # unless known harmless.
     dumped = resolved.profile.model_dump(mode="json", by_alias=True)
+    for values in dumped.values():
+        values.update({key: redact_text(v) for key, v in values.items() if isinstance(v, str)})
+    dumped["launch"]["env"] = redact_env(dumped["launch"]["env"])
+    dumped["launch"]["rdzv_conf"] = redact_rdzv_conf(dumped["launch"]["rdzv_conf"])
     if as_json:
         typer.echo(json.dumps({"file": str(resolved.file) if resolved.file else None, "profile": dumped,
                                "sources": {k: resolved.source(k) for k in keys()}}, indent=2))
         return
     table = Table("key", "value", "source", title=f"profile: {resolved.file or 'built-in defaults'}")
     for dotted, (section, fld) in keys().items():
-        table.add_row(dotted, show_value(section, fld, getattr(getattr(resolved.profile, section), fld)),
-                      resolved.source(dotted))
+        value = getattr(getattr(resolved.profile, section), fld)
+        if isinstance(value, str) or dotted in ("launch.env", "launch.rdzv_conf"):  # numbers hold no secrets
+            value = dumped[section][dotted.split(".", 1)[1]]
+        table.add_row(dotted, show_value(section, fld, value), resolved.source(dotted))
     out_console.print(table)
 
 
@@ -61,8 +71,10 @@ def init(
 
 @app.command("validate", epilog="Example: resctl profile validate examples/profiles/eks-p5.toml")
 def validate(path: Annotated[Path, typer.Argument(help="Profile file to check.")]) -> None:
-    """Check a profile file (no environment or flags applied); exit 2 with every problem found."""
+    """Check a profile file with every rule `resctl run` applies (no environment or flags); exit 2 with every problem."""
+    from resctl.launch.execute import nvrx_version
     from resctl.profile.load import resolve
 
-    resolve(path, use_env=False)
+    resolved = resolve(path, use_env=False)
+    nvrx_version(resolved)  # the launcher's own rules (restart policy of the NVRx version), as `run` checks them
     info(f"{path}: ok")

@@ -31,13 +31,9 @@ def load_analysis(run_dir: Path) -> Any:
     if not ranks:
         raise UsageError(f"{run_dir}: no events-rank*.jsonl files: not a resctl run directory, or the workers "
                          "never started (check the launcher log)")
-    plan = None
-    plan_file = run_dir / "plan.json"
-    if plan_file.is_file():
-        try:
-            plan = json.loads(plan_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            plan = None  # the events alone are enough; the interval is then inferred from them
+    from resctl.launch.plan import PLAN_FILE, read_plan
+
+    plan = read_plan(run_dir / PLAN_FILE)  # None when absent or damaged: the events alone are enough
     stats = ReadStats()
     try:
         analysis = analyze_stream(read_run(run_dir, stats), plan if isinstance(plan, dict) else None,

@@ -51,6 +51,7 @@ def run(
     target = Target(script, tuple(script_args or ()), module=module, no_python=no_python)
     resolved, launch_plan = execute.prepare(profile, flags_layer, set_ or [], target)
     launch_plan.args[:0] = torchrun_flags.launcher_args(typed)  # ft_launcher takes them as they are
+    info(resolved.loaded())
     if preflight and not dry_run:
         from resctl.cli.doctor_cmd import preflight_check
 

@@ -63,6 +63,11 @@ def _nnodes(value: str) -> Optional[str]:
     return f"{value!r} is not a node count: give N or MIN:MAX with 1 <= MIN <= MAX (as torchrun)"
 
 
+def _key_values(value: str) -> Optional[str]:
+    bad = [kv for kv in value.split(",") if "=" not in kv]
+    return f"{bad[0]!r} is not KEY=VALUE; write --rdzv-conf key=value,key2=value2" if bad else None
+
+
 def _positive(value: int) -> Optional[str]:
     return None if value > 0 else f"{value} must be positive"
 
@@ -103,7 +108,8 @@ FLAGS: tuple[Flag, ...] = (
          "launch.rdzv_backend", check=_choice("c10d")),
     Flag("rdzv_endpoint", _names("rdzv_endpoint"), "Rendezvous HOST:PORT, or auto.", "profile", "launch.rdzv_endpoint"),
     Flag("rdzv_id", _names("rdzv_id"), "Job id shared by all nodes.", "profile", "launch.rdzv_id"),
-    Flag("rdzv_conf", _names("rdzv_conf"), "Extra rendezvous settings k=v,k=v.", "profile", "launch.rdzv_conf"),
+    Flag("rdzv_conf", _names("rdzv_conf"), "Extra rendezvous settings k=v,k=v.", "profile", "launch.rdzv_conf",
+         check=_key_values),
     Flag("standalone", ("--standalone",), "Single-node rendezvous on a free port.", "profile", "launch.standalone", bool),
     Flag("max_restarts", _names("max_restarts"), "In-job restarts before failing (resctl default 3).", "profile",
          "launch.max_restarts", int, _not_negative),
@@ -138,8 +144,10 @@ FLAGS: tuple[Flag, ...] = (
     # resctl's own (not torchrun's)
     Flag("run_dir", ("--run-dir",), "Run directory for events and summaries ({run_id} expands).", "resctl",
          "launch.run_dir"),
-    Flag("metrics_port", ("--metrics-port",), "Serve Prometheus metrics on this port.", "resctl",
+    Flag("metrics_port", ("--metrics-port",), "Serve Prometheus metrics on this port (0: a free one).", "resctl",
          "launch.metrics_port", int, _not_negative),
+    Flag("metrics_addr", ("--metrics-addr",), "Address metrics listen on (default 0.0.0.0; 127.0.0.1 keeps them "
+         "on the node).", "resctl", "launch.metrics_addr"),
 )
 BY_DEST = {flag.dest: flag for flag in FLAGS}
 TORCHRUN_DESTS = tuple(flag.dest for flag in FLAGS if flag.to != "resctl")
@@ -189,7 +197,7 @@ def layer(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         if flag.to not in ("profile", "resctl"):
             continue
         if dest == "rdzv_conf":
-            value = dict(kv.split("=", 1) for kv in value.split(",") if "=" in kv)
+            value = dict(kv.split("=", 1) for kv in value.split(","))
         keys[flag.key] = value
         labels[flag.key] = f"flag {flag.shown}"
         if dest == "start_method":

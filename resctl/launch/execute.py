@@ -16,9 +16,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Sequence
 
-from resctl.errors import LaunchError
-from resctl.launch import rendezvous
-from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan
+from resctl.errors import LaunchError, UsageError
+from resctl.launch import rendezvous, stop
+from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan, restart_policy
 from resctl.profile.load import Layer, Resolved, resolve
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
@@ -34,11 +34,19 @@ def installed_nvrx() -> str:
         ) from None
 
 
+def nvrx_version(resolved: Resolved) -> str:
+    """The NVRx version the plan is for, checked against the profile (what `profile validate` runs too)."""
+    launch = resolved.profile.launch
+    version = installed_nvrx() if launch.nvrx_version == "auto" else launch.nvrx_version
+    restart_policy(resolved, version)
+    return version
+
+
 def prepare(profile: Path | None, flags: Layer, sets: Sequence[str], target: Target) -> tuple[Resolved, LaunchPlan]:
     """Resolve the profile, find the rendezvous and plan the launcher command."""
     resolved = resolve(profile, flags=flags, sets=sets)
     launch = resolved.profile.launch
-    version = installed_nvrx() if launch.nvrx_version == "auto" else launch.nvrx_version
+    version = nvrx_version(resolved)
     rdzv = rendezvous.detect(launch, os.environ, socket.gethostname())
     return resolved, plan(resolved, target, rdzv, version, user_env=os.environ, cwd=Path.cwd())
 
@@ -49,16 +57,72 @@ def launcher_program() -> list[str]:
     return [sys.executable, "-m", LAUNCHER_ENTRY]
 
 
+def _key_for(launch_plan: LaunchPlan, path: Path) -> str:
+    key = "launch.run_dir" if path == launch_plan.run_dir or launch_plan.run_dir in path.parents else "launch.log_dir"
+    return f"{key} ({launch_plan.origins.get(key, 'default')})"
+
+
 def write_files(launch_plan: LaunchPlan) -> None:
+    """Create the run directory (private: 0700) and write the plan's files (0600) into it.
+
+    Raises:
+        UsageError: a directory cannot be created (a file is in the way, no permission, read-only).
+    """
     # Every node of a job writes the same files into a shared run directory (FSx): the temporary
     # name is per process so two nodes never rename each other's file away.
     for directory in launch_plan.dirs:
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as err:
+            blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+            why = f"{blocker} is a file, not a directory" if blocker else (err.strerror or str(err))
+            raise UsageError(f"{_key_for(launch_plan, directory)} = {directory}: cannot create it: {why}; "
+                             "give a directory that resctl can create and write (flag --run-dir / --log-dir)") from None
     for path, text in launch_plan.files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp.{socket.gethostname()}.{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+        except OSError as err:
+            raise UsageError(f"{_key_for(launch_plan, path)}: cannot write {path}: {err.strerror or err}; "
+                             "give a run directory resctl can write") from None
+
+
+def serve_metrics(launch_plan: LaunchPlan) -> str:
+    """Start the metrics endpoint; returns HOST:PORT it really listens on (port 0 becomes the bound port)."""
+    import json
+
+    from resctl.launch.plan import PLAN_FILE
+    from resctl.telemetry.metrics import serve
+
+    assert launch_plan.metrics_port is not None
+    plan_data = json.loads(launch_plan.files[launch_plan.run_dir / PLAN_FILE])
+    try:
+        server = serve(launch_plan.run_dir, launch_plan.metrics_port, addr=launch_plan.metrics_addr, plan=plan_data)
+    except OSError as err:
+        port, addr = launch_plan.metrics_port, launch_plan.metrics_addr
+        raise UsageError(
+            f"launch.metrics_port ({launch_plan.origins.get('launch.metrics_port', 'default')}) = {port}: cannot "
+            f"listen on {addr}:{port}: {err.strerror or err}; pick a free port (--metrics-port), 0 for any free "
+            "port, or check launch.metrics_addr"
+        ) from None
+    host = launch_plan.metrics_addr
+    return f"[{host}]:{server.server_port}" if ":" in host else f"{host}:{server.server_port}"
+
+
+def exit_code(code: int, received: Sequence[int]) -> int:
+    """What `resctl run` exits with: the launcher's code, or 128+N when signal N stopped the job.
+
+    ft_launcher itself exits 1 after a SIGTERM; Kubernetes, Slurm and shells expect 143 (128+15).
+    """
+    if code < 0:  # the launcher itself died of a signal: report it the way a shell would
+        return 128 - code
+    stops = [s for s in received if s in (signal.SIGTERM, signal.SIGINT)]
+    if code != 0 and stops:
+        return 128 + int(stops[0])
+    return code
 
 
 def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int:
@@ -67,17 +131,11 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
 
     started = time.monotonic()
     write_files(launch_plan)
+    (launch_plan.run_dir / stop.FATAL_FILE).unlink(missing_ok=True)  # a reason is this run's only
     _notes(launch_plan, on_event)
     on_event(f"resctl: run {launch_plan.run_id} -> {launch_plan.run_dir}")
     if launch_plan.metrics_port is not None:
-        import json
-
-        from resctl.launch.plan import PLAN_FILE
-        from resctl.telemetry.metrics import serve
-
-        plan_data = json.loads(launch_plan.files[launch_plan.run_dir / PLAN_FILE])
-        serve(launch_plan.run_dir, launch_plan.metrics_port, plan=plan_data)
-        on_event(f"resctl: metrics on :{launch_plan.metrics_port}/metrics")
+        on_event(f"resctl: metrics on http://{serve_metrics(launch_plan)}/metrics")
     env = {**os.environ, **launch_plan.env}
     received: list[int] = []
     children: list[subprocess.Popen[bytes]] = []
@@ -97,15 +155,20 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         children.append(child)
         for signum in received:  # arrived while the launcher was starting
             child.send_signal(signum)
-        code = child.wait()
+        launcher_code = child.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if code < 0:  # the launcher itself died of a signal: report it the way a shell would
-        code = 128 - code
+    code = exit_code(launcher_code, received)
+    fatal = stop.read_fatal(launch_plan.run_dir) if code != 0 else None
+    if fatal is not None:
+        on_event(f"resctl: rank {fatal.get('rank')} stopped the job (no restart can cure it): {fatal.get('error')}")
+        on_event(f"resctl: exit {fatal['exit_code']}; run dir {launch_plan.run_dir}")
+        return int(fatal["exit_code"])
     if code != 0 and received:
         names = ", ".join(sorted({signal.Signals(s).name for s in received}))
-        on_event(f"resctl: stopped by {names} (forwarded to ft_launcher); exit {code}; run dir {launch_plan.run_dir}")
+        on_event(f"resctl: stopped by {names} (forwarded to ft_launcher, which exited {launcher_code}); "
+                 f"exit {code}; run dir {launch_plan.run_dir}")
     elif code != 0:
         from resctl.telemetry.summary import failure_summary
 

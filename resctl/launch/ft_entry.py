@@ -16,6 +16,7 @@ checks for the exact gap it fills:
   or gloo collective never runs a Python SIGTERM handler, so every restart paid the full wait. Both
   paths now first name the stopped PIDs in the restart-stop marker (`resctl.launch.stop`), so the
   shim leaves at once instead of saving, and both wait at most `--workers-stop-timeout`.
+- **Titles.** The launcher, each worker and each rank monitor name themselves (`resctl.launch.titles`).
 - **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
   default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
   the end of the job waits for the next poll; the interval still paces the other checks.
@@ -256,6 +257,24 @@ def _wake_on_worker_exit(patches: Patches) -> None:
         patches.set(launcher, "time", _WakeOnWorkerExit(launcher.time))
 
 
+def _titled_rank_monitors(patches: Patches) -> None:
+    """Rank monitors are forked from the launcher too: name them (`resctl-rank-monitor local=N`)."""
+    import re
+
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_server import RankMonitorServer
+
+    run = RankMonitorServer.run
+
+    def titled_run(*args: Any, **kwargs: Any) -> Any:
+        from resctl.launch.titles import set_title
+
+        local = re.search(r"rmon(\d+)\.socket$", str(kwargs.get("ipc_socket_path", "")))
+        set_title("resctl-rank-monitor" + (f" local={local[1]}" if local else ""))
+        return run(*args, **kwargs)
+
+    patches.set(RankMonitorServer, "run", staticmethod(titled_run))
+
+
 def apply_adapters() -> list[str]:
     """Patch what the installed versions need (once); returns what was patched."""
     if PATCHES:
@@ -264,6 +283,7 @@ def apply_adapters() -> list[str]:
     if stop.ENV in os.environ:  # the quick stops need the marker file main() set up
         _quick_restart_stops(PATCHES)
     _wake_on_worker_exit(PATCHES)
+    _titled_rank_monitors(PATCHES)
     return PATCHES.applied
 
 
@@ -372,6 +392,9 @@ def main() -> None:
     atexit.register(stop.clear, marker)
     apply_adapters()
     os.register_at_fork(after_in_child=undo_adapters)  # workers and rank monitors run unpatched code
+    from resctl.launch.launcher_logs import install  # no secrets or stop tracebacks in its log
+
+    install()
     if os.environ.get("RESCTL_PRELOAD") == "1":
         preload()
     from resctl.launch.titles import set_title

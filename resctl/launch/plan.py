@@ -8,16 +8,17 @@ came from. Golden tests pin `LaunchPlan.args` for every example profile and NVRx
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from resctl.errors import UsageError
 from resctl.launch.rendezvous import Rendezvous
 from resctl.launch import nvrx_flags
 from resctl.profile.load import Resolved
+from resctl.profile.schema import Profile
+from resctl.redact import redact_argv, redact_rdzv_conf
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
 LAUNCHER_ENTRY = "resctl.launch.ft_entry"  # LAUNCHER_MODULE behind resctl's version adapters
@@ -25,7 +26,7 @@ SHIM_MODULE = "resctl.shim"
 SHIM_PATH = Path(__file__).resolve().parents[1] / "shim" / "__main__.py"
 PLAN_FILE = "plan.json"
 FT_CONFIG_FILE = "ft_config.yaml"
-SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
+ENV_HELD = "<in the environment>"  # what plan.json keeps of a [launch.env] value: the name, never the value
 # What NVIDIA documents for in-process restart; set only where the user has not.
 INPROCESS_ENV = {"TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0", "TORCH_CPP_LOG_LEVEL": "error"}
 
@@ -54,6 +55,9 @@ class LaunchPlan:
     settings: list[tuple[str, str, str]] = field(default_factory=list)  # (setting, value, source)
     notes: list[str] = field(default_factory=list)
     metrics_port: int | None = None  # served by the resctl process, not passed to the launcher
+    metrics_addr: str = "0.0.0.0"
+    origins: dict[str, str] = field(default_factory=dict)  # "launch.run_dir" -> where its value came from
+    layers: list[str] = field(default_factory=list)  # which recovery layers are on, and why (--dry-run)
 
     def command(self, program: Sequence[str] = ("ft_launcher",)) -> list[str]:
         return [*program, *self.args]
@@ -62,8 +66,60 @@ class LaunchPlan:
         return shlex.join(self.command())
 
 
-def redact(name: str, value: str) -> str:
-    return "<redacted>" if SECRET.search(name) else value
+def restart_policy(resolved: Resolved, nvrx_version: str) -> tuple[str, str]:
+    """The --ft-restart-policy for this NVRx version and where it came from; UsageError if it cannot take it.
+
+    `resctl profile validate` calls this too, with the installed NVRx, so it refuses what `run` refuses.
+    """
+    launch, inproc = resolved.profile.launch, resolved.profile.inprocess
+    series = nvrx_flags.series_for(nvrx_version)
+    traits = nvrx_flags.SERIES[series]
+    policy, source = launch.restart_policy, resolved.source("launch.restart_policy")
+    if policy == "auto":
+        policy = "min-healthy" if (inproc.enabled and traits.has_min_healthy) else "any-failed"
+        source = f"auto (NVRx {series}, inprocess.enabled={str(inproc.enabled).lower()})"
+    if policy == "min-healthy" and not traits.has_min_healthy:
+        raise UsageError(
+            f"launch.restart_policy = \"min-healthy\" ({resolved.source('launch.restart_policy')}) is not accepted "
+            f"by NVRx {nvrx_version} (removed in 0.6). Use \"any-failed\" or \"auto\"."
+        )
+    return policy, source
+
+
+def plan_json(profile: Profile, run_id: str, run_dir: Path, nvrx_version: str, target: Target) -> str:
+    """plan.json: what the workers and `resctl report` read. Secrets stay out: [launch.env] keeps only its
+    names (workers get the values from the launcher's environment), rdzv_conf and script arguments are redacted."""
+    dumped = profile.model_dump(mode="json", by_alias=True)
+    dumped["launch"]["env"] = {name: ENV_HELD for name in dumped["launch"]["env"]}
+    dumped["launch"]["rdzv_conf"] = redact_rdzv_conf(dumped["launch"]["rdzv_conf"])
+    return json.dumps(
+        {
+            "run_id": run_id,
+            "run_dir": str(run_dir),
+            "nvrx_version": nvrx_version,
+            "target": {"script": target.script, "args": redact_argv(target.args), "module": target.module},
+            "profile": dumped,
+        },
+        indent=2,
+    )
+
+
+def read_plan(path: Path) -> dict[str, Any] | None:
+    """A run's plan.json as a dict whose "profile" is a dict, or None when it is missing, unreadable or damaged.
+
+    For readers that can do without it (`resctl report`, `tune-interval`, the metrics endpoint): a hand-edited or
+    truncated plan.json must not crash them.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("profile", {}), dict):
+        return None
+    profile = data.get("profile", {})
+    if not all(isinstance(v, dict) for v in profile.values()):
+        return None
+    return data
 
 
 def _seconds(value: float) -> str:
@@ -162,16 +218,7 @@ def plan(
     add("--ft-log-level", hb.log_level, "heartbeat.log_level")
     add("--ft-enable-nic-monitor", "true" if hb.nic_monitor else "false", "heartbeat.nic_monitor")
 
-    policy = launch.restart_policy
-    policy_source = src("launch.restart_policy")
-    if policy == "auto":
-        policy = "min-healthy" if (inproc.enabled and traits.has_min_healthy) else "any-failed"
-        policy_source = f"auto (NVRx {series}, inprocess.enabled={str(inproc.enabled).lower()})"
-    if policy == "min-healthy" and not traits.has_min_healthy:
-        raise UsageError(
-            f"launch.restart_policy = \"min-healthy\" ({src('launch.restart_policy')}) is not accepted by "
-            f"NVRx {nvrx_version} (removed in 0.6). Use \"any-failed\" or \"auto\"."
-        )
+    policy, policy_source = restart_policy(resolved, nvrx_version)
     add("--ft-restart-policy", policy, "launch.restart_policy", policy_source)
 
     # What the workers run.
@@ -208,16 +255,7 @@ def plan(
         for k, v in INPROCESS_ENV.items():
             if k not in user_env and k not in env:
                 env[k] = v
-    files[run_dir / PLAN_FILE] = json.dumps(
-        {
-            "run_id": run_id,
-            "run_dir": str(run_dir),
-            "nvrx_version": nvrx_version,
-            "target": {"script": target.script, "args": list(target.args), "module": target.module},
-            "profile": p.model_dump(mode="json", by_alias=True),
-        },
-        indent=2,
-    )
+    files[run_dir / PLAN_FILE] = plan_json(p, run_id, run_dir, nvrx_version, target)
     notes = [*rendezvous.notes, *notes_shim]
     if p.faults.schedule:
         notes.append(
@@ -226,7 +264,31 @@ def plan(
         )
     if launch.metrics_port is not None:
         settings.append(("(resctl) metrics port", str(launch.metrics_port), src("launch.metrics_port")))
+        settings.append(("(resctl) metrics address", launch.metrics_addr, src("launch.metrics_addr")))
     # ft_launcher checks-then-creates its log dir: nodes sharing a run dir would race on it.
     dirs = [run_dir, log_dir]
+    origins = {key: src(key) for key in ("launch.run_dir", "launch.log_dir", "launch.metrics_port", "launch.metrics_addr")}
     return LaunchPlan(args, env, files, dirs, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
-                      metrics_port=launch.metrics_port)
+                      metrics_port=launch.metrics_port, metrics_addr=launch.metrics_addr, origins=origins,
+                      layers=recovery_layers(p, series, fork_workers))
+
+
+def recovery_layers(p: Profile, series: str, fork_workers: bool) -> list[str]:
+    """Which recovery layers this plan turns on, and why (for --dry-run and the run's first lines)."""
+    launch, inproc = p.launch, p.inprocess
+    start = ("workers forked from the launcher, so a restart starts no new Python" if fork_workers
+             else "workers are fresh interpreters (launch.worker_start = \"exec\")")
+    out = [f"in-job restart: on, up to {launch.max_restarts} (launch.max_restarts): a dead, failed or hung worker "
+           f"restarts the group; {start}; survivors leave at once, SIGKILL after "
+           f"{launch.workers_stop_timeout:g}s (launch.workers_stop_timeout)"]
+    if not inproc.enabled:
+        out.append("in-process restart: off (inprocess.enabled = false): exceptions and hangs restart in-job")
+        return out
+    world = "every rank" if inproc.min_world_size is None else f"at least {inproc.min_world_size} ranks"
+    out.append(f"in-process restart: on: exceptions and hangs re-run the script in the same processes with {world} "
+               "(inprocess.min_world_size); a killed rank falls through to the in-job restart")
+    if series != "0.4":
+        out.append(f"in-process restart is deprecated since NVRx 0.6 (this is {series}; in-job restart with forked workers is the "
+                   "fast path there); it still runs, but consider inprocess.enabled = false")
+    return out
+

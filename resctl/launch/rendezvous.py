@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Optional
 
 from resctl.errors import UsageError
-from resctl.profile.schema import Launch
+from resctl.profile.schema import Launch, nnodes_range, split_endpoint
 
 __all__ = ["Rendezvous", "detect", "expand_hostlist", "first_host", "fresh_run_id"]
 
@@ -127,30 +127,17 @@ def detect(
 
 
 def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Callable[[], str]) -> Rendezvous:
-    endpoint_set = launch.rdzv_endpoint.strip().lower() != "auto"
+    # The schema has already refused conflicting settings (standalone with an endpoint, two hosts, port 0
+    # across nodes): `profile validate` and `run` share those rules.
     if launch.standalone:
-        if endpoint_set or launch.master_addr:
-            raise UsageError(
-                "launch.standalone = true picks its own local endpoint; "
-                "unset launch.rdzv_endpoint / launch.master_addr, or set launch.standalone = false"
-            )
         return _standalone(launch, new_id, "standalone", ("launch.standalone = true",))
-
-    if endpoint_set:
+    if launch.rdzv_endpoint.strip().lower() != "auto":
         host, port = _split_endpoint(launch.rdzv_endpoint.strip(), launch.rdzv_port, "launch.rdzv_endpoint")
-        if launch.master_addr and launch.master_addr != host:
-            raise UsageError(
-                f"launch.rdzv_endpoint ({launch.rdzv_endpoint}) and launch.master_addr ({launch.master_addr}) "
-                "name different hosts; set only one of them"
-            )
         why = f"launch.rdzv_endpoint = {launch.rdzv_endpoint}"
     else:
         host, port = launch.master_addr, launch.master_port or launch.rdzv_port
         why = f"launch.master_addr = {launch.master_addr}, port {port}"
     endpoint = _join_endpoint(host, port)
-    if port == 0 and _max_nodes(launch.nnodes) > 1:
-        raise UsageError(f"endpoint {endpoint} has port 0, which other nodes cannot reach; give a fixed port")
-
     notes = [f"explicit endpoint {endpoint} ({why})"]
     run_id = _profile_run_id(launch)
     if run_id:
@@ -494,14 +481,10 @@ def _int_env(env: Mapping[str, str], name: str, default: Optional[int] = None) -
 
 
 def _nnodes_range(nnodes: str) -> tuple[int, int]:
-    lo, _, hi = nnodes.strip().partition(":")
     try:
-        low, high = int(lo), int(hi or lo)
-    except ValueError:
-        raise UsageError(f"launch.nnodes = {nnodes!r}: expected a number or MIN:MAX") from None
-    if not 0 < low <= high:
-        raise UsageError(f"launch.nnodes = {nnodes!r}: expected 0 < MIN <= MAX")
-    return low, high
+        return nnodes_range(nnodes)
+    except ValueError as err:
+        raise UsageError(f"launch.nnodes = {nnodes!r}: {err}") from None
 
 
 def _max_nodes(nnodes: str) -> int:
@@ -526,24 +509,10 @@ def _reconcile_nnodes(launch: Launch, detected: Optional[str], notes: list[str])
 
 
 def _split_endpoint(value: str, default_port: int, what: str) -> tuple[str, int]:
-    if value.startswith("["):
-        host, _, rest = value[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-        if rest and not rest.startswith(":"):
-            raise UsageError(f"{what} = {value!r}: expected HOST:PORT")
-    elif value.count(":") == 1:
-        host, port_text = value.split(":")
-    elif ":" in value:
-        raise UsageError(f"{what} = {value!r}: write an IPv6 address as [ADDR]:PORT")
-    else:
-        host, port_text = value, ""
-    if not host:
-        raise UsageError(f"{what} = {value!r}: the host is missing (expected HOST:PORT)")
-    if not port_text:
-        return host, default_port
-    if not port_text.isdigit() or int(port_text) > 65535:
-        raise UsageError(f"{what} = {value!r}: the port must be a number from 0 to 65535")
-    return host, int(port_text)
+    try:
+        return split_endpoint(value, default_port)
+    except ValueError as err:
+        raise UsageError(f"{what} = {value!r}: {err}") from None
 
 
 def _join_endpoint(host: str, port: int) -> str:

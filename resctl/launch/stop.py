@@ -14,12 +14,15 @@ or unreadable file therefore errs on the side of saving, and the launcher's shor
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import tempfile
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 ENV = "RESCTL_STOP_FILE"
+FATAL_FILE = "fatal.json"  # in the run directory: a worker's reason to stop the job instead of restarting it
 
 
 def file_for(launcher_pid: int) -> Path:
@@ -55,3 +58,31 @@ def is_restart_stop(env: Mapping[str, str], pid: int) -> bool:
     except (OSError, UnicodeDecodeError):
         return False
     return str(pid) in text.split()
+
+
+def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int) -> None:
+    """A fault that no restart can cure (a checkpoint directory another job owns, a checkpoint that
+    does not fit the state, saves that keep failing): record why, once per run, and stop the job by
+    sending SIGTERM to this worker's launcher, which then stops every worker as for a job stop.
+    `resctl run` prints the reason and exits with `exit_code` instead of restarting up to max_restarts."""
+    if run_dir is not None:
+        record = {"rank": rank, "error": f"{type(err).__name__}: {err}", "exit_code": exit_code}
+        try:
+            fd = os.open(run_dir / FATAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            pass  # another rank said it first (or the run dir is gone): one reason is enough
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+    try:
+        os.kill(os.getppid(), signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def read_fatal(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads((run_dir / FATAL_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("exit_code"), int) else None

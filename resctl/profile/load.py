@@ -3,7 +3,8 @@
 Precedence, lowest to highest (a higher layer never loses to a lower one):
 
 1. built-in defaults (the schema),
-2. the profile file (`-p FILE`, else `resctl.toml` in the working directory when present),
+2. the profile file (`-p FILE`, else `RESCTL_PROFILE`, else `resctl.toml` in the working directory when
+   present, announced on stderr, and refused when another user owns it or anyone may write it),
 3. `RESCTL_<SECTION>_<KEY>` environment variables (and `RESCTL_FAULTS`),
 4. command-line flags (`--nproc-per-node 8`, ...),
 5. `--set section.key=value` overrides, in the order given.
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 
 from resctl.errors import Problem, ProfileError
 from resctl.profile.schema import SECTIONS, Profile, env_name, is_duration, key_name, keys
+from resctl.redact import redact_rdzv_conf, redact_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,6 +57,14 @@ class Resolved:
     profile: Profile
     sources: dict[str, str]
     file: Path | None
+    how: str = ""  # how the file was chosen: "-p", "env RESCTL_PROFILE", "working directory"
+
+    def loaded(self) -> str:
+        """One line saying which profile file was loaded, for stderr."""
+        if self.file is None:
+            return "resctl: no profile file: built-in defaults (-p FILE to use one)"
+        where = {"-p": "from -p", "working directory": "found in the working directory; -p FILE to choose another"}
+        return f"resctl: profile {self.file.resolve()} ({where.get(self.how, 'from ' + self.how)})"
 
     def source(self, dotted: str) -> str:
         return self.sources.get(dotted, DEFAULT_SOURCE)
@@ -66,6 +76,7 @@ def _suggest(name: str, choices: Sequence[str]) -> str:
 
 
 def _unknown_key(source: str, dotted: str, value: Any = None) -> Problem:
+    value = redact_value(dotted, value)
     section = dotted.split(".", 1)[0]
     if section not in SECTIONS:
         hint = _suggest(section, list(SECTIONS))
@@ -84,8 +95,8 @@ def parse_value(text: str) -> Any:
     """A TOML value (`8`, `true`, `"x"`, `[1, 2]`, `{a = 1}`); anything else is kept as a plain string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return text  # too deeply nested for TOML: as a string, the schema refuses it with the key named
 
 
 def file_layer(path: Path) -> tuple[Layer, list[Problem]]:
@@ -98,6 +109,9 @@ def file_layer(path: Path) -> tuple[Layer, list[Problem]]:
         return Layer(label), [Problem(label, "", f"cannot read the profile: {err}")]
     except tomllib.TOMLDecodeError as err:
         return Layer(label), [Problem(label, "", f"not valid TOML: {err}", fix="fix the syntax at the line and column shown")]
+    except RecursionError:
+        return Layer(label), [Problem(label, "", "nested too deeply to read (arrays or tables inside each other "
+                                      "hundreds of levels deep)", fix="no resctl key takes nested values; remove them")]
     layer, problems = Layer(label), []
     known = keys()
     for section, table in data.items():
@@ -169,13 +183,32 @@ def set_layer(assignments: Sequence[str]) -> tuple[Layer, list[Problem]]:
     return layer, problems
 
 
-def find_file(explicit: str | os.PathLike[str] | None, cwd: Path, env: Mapping[str, str]) -> Path | None:
+def find_file(explicit: str | os.PathLike[str] | None, cwd: Path, env: Mapping[str, str]) -> tuple[Path | None, str]:
+    """The profile file to load and how it was chosen: "-p", "env RESCTL_PROFILE" or "working directory"."""
     if explicit:
-        return Path(explicit)
+        return Path(explicit), "-p"
     if env.get("RESCTL_PROFILE"):
-        return Path(env["RESCTL_PROFILE"])
+        return Path(env["RESCTL_PROFILE"]), "env RESCTL_PROFILE"
     candidate = cwd / DEFAULT_FILE
-    return candidate if candidate.is_file() else None
+    return (candidate, "working directory") if candidate.is_file() else (None, "")
+
+
+def untrusted(path: Path) -> str:
+    """Why a working directory's resctl.toml must not be loaded unasked ("" when it may be).
+
+    A profile can run code in the launcher (launch.env.PYTHONPATH, LD_PRELOAD): one that another user
+    could have written, in a shared or world-writable directory such as /tmp, is refused as git
+    refuses a repository owned by someone else. Naming it with -p loads it anyway.
+    """
+    try:
+        info = path.stat()
+    except OSError:
+        return ""
+    if info.st_uid not in (os.geteuid(), 0):
+        return f"it is owned by another user (uid {info.st_uid})"
+    if info.st_mode & 0o002:
+        return "anyone on this machine can write it"
+    return ""
 
 
 def resolve(
@@ -190,10 +223,14 @@ def resolve(
     """Merge the layers into a validated Profile, or raise ProfileError listing every problem."""
     env = os.environ if env is None else env
     cwd = cwd or Path.cwd()
-    path = find_file(file, cwd, env)
+    path, how = find_file(file, cwd, env)
     layers: list[Layer] = []
     problems: list[Problem] = []
-    if path is not None:
+    why_not = untrusted(path) if path is not None and how == "working directory" else ""
+    if why_not:
+        problems.append(Problem(str(path), "", f"not loaded from the working directory: {why_not}",
+                                fix=f"pass -p {path} if you trust it, or remove it"))
+    elif path is not None:
         layer, found = file_layer(path)
         layers.append(layer)
         problems += found
@@ -207,12 +244,7 @@ def resolve(
     layers.append(layer)
     problems += found
 
-    merged: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for layer in layers:
-        for dotted, value in layer.values.items():
-            merged[dotted] = value
-            sources[dotted] = layer.label(dotted)
+    merged, sources = _merge(layers)
     nested: dict[str, dict[str, Any]] = {}
     for dotted, value in merged.items():
         section, key = dotted.split(".", 1)
@@ -223,7 +255,29 @@ def resolve(
         problems += [_problem(e, merged, sources) for e in err.errors()]
     if problems:
         raise ProfileError(problems)
-    return Resolved(profile, sources, path)
+    return Resolved(profile, sources, path, how)
+
+
+def _merge(layers: Sequence[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Flat values and their sources, higher layers winning. Tables merge name by name (RESCTL_LAUNCH_ENV adds
+    to the profile's [launch.env] rather than replacing it); the source then lists every layer that took part."""
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for layer in layers:
+        for dotted, value in layer.values.items():
+            below = merged.get(dotted)
+            if isinstance(below, dict) and isinstance(value, dict) and _is_table(dotted):
+                merged[dotted] = {**below, **value}
+                sources[dotted] = f"{sources[dotted]} + {layer.label(dotted)}"
+            else:
+                merged[dotted] = value
+                sources[dotted] = layer.label(dotted)
+    return merged, sources
+
+
+def _is_table(dotted: str) -> bool:
+    section, fld = keys()[dotted]
+    return str(SECTIONS[section].model_fields[fld].annotation).startswith(("dict", "typing.Annotated[dict"))
 
 
 def _problem(error: Mapping[str, Any], merged: Mapping[str, Any], sources: Mapping[str, str]) -> Problem:
@@ -237,8 +291,11 @@ def _problem(error: Mapping[str, Any], merged: Mapping[str, Any], sources: Mappi
         if len(loc) > 2:
             dotted += "[" + "].[".join(loc[2:]) + "]"
         base = f"{section}.{key_name(section, fld)}" if fld in model.model_fields else dotted
-        return Problem(sources.get(base, DEFAULT_SOURCE), dotted, message, merged.get(base, error.get("input")),
-                       _fix(section, fld, error))
+        shown = merged.get(base, error.get("input"))
+        # Error messages are output too: no secret values in them.
+        shown = redact_rdzv_conf(shown) if base == "launch.rdzv_conf" and isinstance(shown, dict) \
+            else redact_value(base, shown)
+        return Problem(sources.get(base, DEFAULT_SOURCE), dotted, message, shown, _fix(section, fld, error))
     # A check across keys (a model validator): name every key that took part and its source.
     section = loc[0] if loc else ""
     involved = sorted({src for dotted, src in sources.items() if not section or dotted.startswith(section + ".")})

@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+import re
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from resctl.profile.units import parse_duration
@@ -26,6 +27,153 @@ def _int_to_str(value: object) -> object:
 
 
 IntOrStr = Annotated[str, BeforeValidator(_int_to_str)]
+
+# --- launcher rules: what ft_launcher (and the rendezvous) accept, checked here so that
+# `profile validate` and `run` refuse exactly the same profiles.
+PSEUDO_FS = ("/proc", "/sys", "/dev")
+_NNODES = re.compile(r"^\s*([0-9]+)\s*(?::\s*([0-9]+)\s*)?$", re.ASCII)
+_STD = re.compile(r"^[0-3]$|^([0-9]:[0-3],)*([0-9]:[0-3])$", re.ASCII)  # torch elastic's Std.from_str
+_NPROC = re.compile(r"^[1-9][0-9]{0,5}$|^(auto|cpu|gpu)$", re.ASCII)
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", re.ASCII)
+_CONF_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$", re.ASCII)
+_VERSION = re.compile(r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([.+-]?[A-Za-z0-9.+-]*)?$", re.ASCII)
+
+
+def nnodes_range(nnodes: str) -> tuple[int, int]:
+    """(MIN, MAX) of "4" or "2:4". Raises ValueError unless 0 < MIN <= MAX."""
+    match = _NNODES.match(nnodes)
+    if not match:
+        raise ValueError(f"{nnodes!r} is not a number of nodes or a range MIN:MAX")
+    low = int(match.group(1))
+    high = int(match.group(2) or low)
+    if not 0 < low <= high:
+        raise ValueError(f"{nnodes!r}: expected 0 < MIN <= MAX")
+    return low, high
+
+
+def split_endpoint(value: str, default_port: int) -> tuple[str, int]:
+    """(host, port) of "HOST[:PORT]" or "[IPV6]:PORT". Raises ValueError saying what is wrong."""
+    value = value.strip()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+        if rest and not rest.startswith(":"):
+            raise ValueError("expected HOST:PORT")
+    elif value.count(":") == 1:
+        host, port_text = value.split(":")
+    elif ":" in value:
+        raise ValueError("write an IPv6 address as [ADDR]:PORT")
+    else:
+        host, port_text = value, ""
+    if not host or any(ch.isspace() or ch in "/@," for ch in host):
+        raise ValueError("the host is missing or not a host name (expected HOST:PORT)")
+    if not port_text:
+        return host, default_port
+    if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
+        raise ValueError("the port must be a number from 0 to 65535")
+    return host, int(port_text)
+
+
+def nvrx_series(version: str) -> str:
+    """The ft_launcher series ("0.4", "0.6+") of a version; ValueError for one resctl cannot plan for."""
+    from resctl.errors import UsageError
+    from resctl.launch.nvrx_flags import series_for  # a data table; imports nothing of resctl but errors
+
+    if not _VERSION.fullmatch(version.strip()):
+        raise ValueError(f"{version!r} is not a version; use auto or a version such as 0.4.1 or 0.7.0")
+    try:
+        return series_for(version)
+    except UsageError as err:
+        raise ValueError(str(err)) from None
+
+
+def _check_nnodes(value: str) -> str:
+    nnodes_range(value)
+    return value.strip()
+
+
+def _check_std(value: str) -> str:
+    if not _STD.fullmatch(value):
+        raise ValueError(f"{value!r}: use 0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank 0:3,1:0")
+    return value
+
+
+def _check_nproc(value: str) -> str:
+    if not _NPROC.fullmatch(value.strip()):
+        raise ValueError(f"{value!r}: use a number of workers (1 or more), or auto, cpu, gpu")
+    return value.strip()
+
+
+def _check_endpoint(value: str) -> str:
+    if value.strip().lower() != "auto":
+        split_endpoint(value, 0)
+    return value.strip()
+
+
+def _check_run_id(value: str) -> str:
+    if value.strip().lower() not in {"auto", "none", ""} and not _RUN_ID.fullmatch(value.strip()):
+        raise ValueError(f"{value!r}: a run id names a directory; use letters, digits, '.', '_' and '-' "
+                         "(up to 128, starting with a letter or digit), or auto")
+    return value.strip()
+
+
+def _check_version(value: str) -> str:
+    if value.strip() != "auto":
+        nvrx_series(value)
+    return value.strip()
+
+
+def _check_path(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("a path cannot contain a NUL character")
+    if value and not value.strip():
+        raise ValueError("a path of only spaces; give a directory, or leave it empty where that means the default")
+    normal = "/" + value.strip().strip("/")
+    if value.startswith("/") and any(normal == fs or normal.startswith(fs + "/") for fs in PSEUDO_FS):
+        raise ValueError(f"{value!r} is on a kernel pseudo-filesystem ({', '.join(PSEUDO_FS)}); "
+                         "give a directory on real storage")
+    return value
+
+
+def _check_addr(value: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value.strip())
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address; use 0.0.0.0 (all interfaces), :: or 127.0.0.1") from None
+    return value.strip()
+
+
+def _not_empty(value: str) -> str:
+    if not value:
+        raise ValueError("cannot be empty (it would put the run's files into the working directory); "
+                         "give a directory such as resctl-runs/{run_id}")
+    return value
+
+
+def _check_env(value: dict[str, str]) -> dict[str, str]:
+    for name, text in value.items():
+        if not name or "=" in name or "\x00" in name:
+            raise ValueError(f"{name!r} is not an environment variable name (no '=', no NUL, not empty)")
+        if "\x00" in text:
+            raise ValueError(f"the value of {name} contains a NUL character, which an environment cannot hold")
+    return value
+
+
+def _check_conf(value: dict[str, str]) -> dict[str, str]:
+    for key, text in value.items():
+        if not _CONF_KEY.fullmatch(key):
+            raise ValueError(f"{key!r} is not a rendezvous setting name (letters, digits, '_')")
+        if "," in text or "\x00" in text:
+            raise ValueError(f"the value of {key} cannot contain ',' or NUL (ft_launcher splits settings on ',')")
+    return value
+
+
+Nnodes = Annotated[str, BeforeValidator(_int_to_str), AfterValidator(_check_nnodes)]
+NprocPerNode = Annotated[str, BeforeValidator(_int_to_str), AfterValidator(_check_nproc)]
+StdSpec = Annotated[str, BeforeValidator(_int_to_str), AfterValidator(_check_std)]
+Path_ = Annotated[str, AfterValidator(_check_path)]
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(json_schema_extra={"unit": "duration"})]
 OptionalDuration = Annotated[
     Optional[float], BeforeValidator(_optional_duration), Field(json_schema_extra={"unit": "duration"})
@@ -33,24 +181,40 @@ OptionalDuration = Annotated[
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    # allow_inf_nan=False: `timeout = nan` would turn hang detection off, `inf` overflows the launcher.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _plain_text(cls, value: Any) -> Any:
+        # No profile string reaches a path, an argv or an environment with a NUL in it.
+        texts = [value] if isinstance(value, str) else [*value.keys(), *value.values()] if isinstance(value, dict) else []
+        for text in texts:
+            if isinstance(text, str) and "\x00" in text:
+                raise ValueError("contains a NUL character; remove it")
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # os.environ keeps undecodable bytes as lone surrogates
+                    raise ValueError("contains bytes that are not UTF-8 text; write it in UTF-8") from None
+        return value
 
 
 class Launch(Section):
     """How ft_launcher starts and restarts the workers (torchrun's flags)."""
 
-    nnodes: IntOrStr = Field("1", description="Number of nodes, or a range MIN:MAX (torchrun --nnodes).")
-    nproc_per_node: IntOrStr = Field("1", description="Workers per node: a number, or auto, gpu, cpu (torchrun --nproc-per-node).")
+    nnodes: Nnodes = Field("1", description="Number of nodes, or a range MIN:MAX (torchrun --nnodes).")
+    nproc_per_node: NprocPerNode = Field("1", description="Workers per node: a number, or auto, gpu, cpu (torchrun --nproc-per-node).")
     node_rank: Optional[int] = Field(None, ge=0, description="This node's rank; unset lets the rendezvous assign it.")
     max_restarts: int = Field(3, ge=0, description="In-job restarts of the worker group before the job fails.")
     rdzv_backend: Literal["c10d"] = Field("c10d", description="Rendezvous backend (ft_launcher supports c10d only).")
-    rdzv_endpoint: str = Field(
+    rdzv_endpoint: Annotated[str, AfterValidator(_check_endpoint)] = Field(
         "auto",
         description="HOST:PORT of the rendezvous, or auto: Kubernetes Indexed Job, PyTorchJob, Slurm, else standalone.",
     )
     rdzv_port: int = Field(29500, ge=1, le=65535, description="Rendezvous port used when the host is detected.")
-    rdzv_id: str = Field("auto", description="Job id shared by all nodes; auto derives it from the scheduler or a fresh id.")
-    rdzv_conf: dict[str, str] = Field(default_factory=dict, description="Extra rendezvous settings (key = value).")
+    rdzv_id: Annotated[str, AfterValidator(_check_run_id)] = Field("auto", description="Job id shared by all nodes; auto derives it from the scheduler or a fresh id.")
+    rdzv_conf: Annotated[dict[str, str], AfterValidator(_check_conf)] = Field(default_factory=dict, description="Extra rendezvous settings (key = value).")
     standalone: bool = Field(False, description="Single-node rendezvous on a free local port (torchrun --standalone).")
     k8s_service: str = Field(
         "", description="Headless Service of the Indexed Job; rank 0 is <job>-0.<service>.<namespace>.svc.cluster.local."
@@ -74,20 +238,52 @@ class Launch(Section):
         description="fork: workers are forked from the launcher, which has imported torch once (in-job restarts in "
         "about a second); exec: each worker is a fresh `python -m resctl.shim` that imports everything anew.",
     )
-    log_dir: str = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
-    redirects: IntOrStr = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")
-    tee: IntOrStr = Field("0", description="torchrun -t: tee worker stdout/stderr into log_dir and the console.")
-    run_dir: str = Field(
+    log_dir: Path_ = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
+    redirects: StdSpec = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")
+    tee: StdSpec = Field("0", description="torchrun -t: tee worker stdout/stderr into log_dir and the console.")
+    run_dir: Annotated[Path_, AfterValidator(_not_empty)] = Field(
         "resctl-runs/{run_id}", description="Where events, the resolved profile and summaries go; {run_id} is expanded."
     )
-    env: dict[str, str] = Field(
-        default_factory=dict, description="Environment for the launcher and every worker (e.g. FI_PROVIDER = \"efa\")."
+    env: Annotated[dict[str, str], AfterValidator(_check_env)] = Field(
+        default_factory=dict,
+        description="Environment for the launcher and every worker (e.g. FI_PROVIDER = \"efa\"); merges with "
+        "RESCTL_LAUNCH_ENV name by name. Values reach the processes only: plan.json keeps the names, and what resctl "
+        "prints masks secret-looking ones (docs/security.md)."
     )
     metrics_port: Optional[int] = Field(
-        None, ge=0, le=65535, description="Serve Prometheus metrics of the run on this port (resctl run process)."
+        None, ge=0, le=65535,
+        description="Serve Prometheus metrics of the run on this port (resctl run process); 0 picks a free port.",
+    )
+    metrics_addr: Annotated[str, AfterValidator(_check_addr)] = Field(
+        "0.0.0.0",
+        description="Address the metrics endpoint listens on: 0.0.0.0 (every IPv4 interface, so a pod's Prometheus "
+        "scrape of the pod IP reaches it), :: for IPv6, 127.0.0.1 to keep it on the node (docs/security.md).",
     )
     use_shim: bool = Field(True, description="Start workers through resctl.shim (heartbeats, checkpoints, restarts).")
-    nvrx_version: str = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
+    nvrx_version: Annotated[str, AfterValidator(_check_version)] = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
+
+    @model_validator(mode="after")
+    def _launcher_rules(self) -> "Launch":
+        endpoint_set = self.rdzv_endpoint.lower() != "auto"
+        max_nodes = nnodes_range(self.nnodes)[1]
+        if self.standalone and (endpoint_set or self.master_addr):
+            raise ValueError("launch.standalone = true picks its own local endpoint; unset launch.rdzv_endpoint / "
+                             "launch.master_addr, or set launch.standalone = false")
+        if self.standalone and max_nodes > 1:
+            raise ValueError(f"launch.standalone = true runs one node, but launch.nnodes = {self.nnodes}")
+        if endpoint_set:
+            host, port = split_endpoint(self.rdzv_endpoint, self.rdzv_port)
+            if self.master_addr and self.master_addr != host:
+                raise ValueError(f"launch.rdzv_endpoint ({self.rdzv_endpoint}) and launch.master_addr "
+                                 f"({self.master_addr}) name different hosts; set only one of them")
+            if port == 0 and max_nodes > 1:
+                raise ValueError(f"launch.rdzv_endpoint {self.rdzv_endpoint} has port 0, which other nodes "
+                                 "cannot reach; give a fixed port")
+        if self.restart_policy == "min-healthy" and self.nvrx_version != "auto" \
+                and nvrx_series(self.nvrx_version) != "0.4":
+            raise ValueError(f"launch.restart_policy = \"min-healthy\" is not accepted by NVRx {self.nvrx_version} "
+                             "(removed in 0.6); use \"any-failed\" or \"auto\"")
+        return self
 
 
 class Heartbeat(Section):
@@ -128,6 +324,11 @@ class InProcess(Section):
         None, ge=1, description="Fewest ranks an in-process restart may continue with; empty: every rank (a lost "
         "rank falls through to the launcher). A smaller value is announced and recorded as an event.",
     )
+    fresh_state: bool = Field(
+        True, description="Before each in-process restart, put back the process state a new worker starts with "
+        "(global RNGs, CUDA generators, DTensor's RNG tracker, TorchDynamo caches), so a restart is exact; "
+        "false only to diagnose (docs/recovery.md).",
+    )
     health_check: bool = Field(True, description="Run NVRx's CUDA health check between iterations (skipped without CUDA).")
 
     @model_validator(mode="after")
@@ -149,7 +350,7 @@ class InProcess(Section):
 class Checkpoint(Section):
     """resctl.checkpoint: async, atomic, verified checkpoints."""
 
-    dir: str = Field("checkpoints", description="Checkpoint directory (shared storage, e.g. FSx for Lustre, on a cluster).")
+    dir: Path_ = Field("checkpoints", description="Checkpoint directory (shared storage, e.g. FSx for Lustre, on a cluster).")
     interval_steps: int = Field(100, ge=1, description="maybe_save() saves every this many optimizer steps.")
     async_: bool = Field(True, alias="async", description="Return once the state is staged; write in the background.")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are pruned after a newer one lands.")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_SECONDS = 366 * 86400.0  # longer is a typo (a timer that long never fires); "none" turns a timeout off
 _DURATION = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|min|m|h|d)?\s*$")
 
 
@@ -21,8 +23,12 @@ def parse_duration(value: object) -> float:
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
     else:
         raise ValueError(f"expected a duration such as 90s, 15m or 24h, got {type(value).__name__}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is not a finite duration; use a number of seconds or 250ms, 90s, 15m, 24h, 2d")
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{value!r} is longer than a year; use a shorter duration (or none where a timeout may be off)")
     return seconds
 
 

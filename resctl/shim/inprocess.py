@@ -242,7 +242,7 @@ def announce_world(shim: RestartHost) -> None:
                   "restarts the group", file=sys.stderr, flush=True)
 
 
-def run_wrapped(shim: RestartHost, target: Target) -> None:
+def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseException], None] = lambda err: None) -> None:
     """Run `target` under the wrapper until it completes on every rank (or the wrapper gives up,
     which raises and so hands over to the launcher's in-job restart)."""
     import torch.distributed as dist
@@ -254,7 +254,7 @@ def run_wrapped(shim: RestartHost, target: Target) -> None:
     sockets = GlooSockets()
     announce_world(shim)
     wrapper = build_wrapper(shim, wrapper_store_port(app, rank, shim.cycle), sockets)
-    fresh = FreshState.capture()
+    fresh = FreshState.capture() if shim.profile.inprocess.fresh_state else None
     patches = Patches("inprocess")
     patched_init = sockets.track(dist.init_process_group)
     patches.set(dist, "new_group", sockets.track(dist.new_group))
@@ -280,7 +280,8 @@ def run_wrapped(shim: RestartHost, target: Target) -> None:
             world = int(os.environ.get("WORLD_SIZE", shim.world_size))
             shim.events.emit("restart", layer="inprocess", step=shim.step, world_size=world)
             shim.settle_checkpoint()
-            fresh.restore()
+            if fresh is not None:
+                fresh.restore()
         try:
             run_target(target)
         except SystemExit as exit_:
@@ -292,6 +293,7 @@ def run_wrapped(shim: RestartHost, target: Target) -> None:
             if type(err).__name__ != "InjectedFault":  # injected ones were recorded when fired
                 shim.events.emit("fault", cause="exception", injected=False, step=shim.step,
                                  error=f"{type(err).__name__}: {err}")
+            on_fault(err)
             raise
         finally:
             shim.set_progress(None)

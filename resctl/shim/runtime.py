@@ -372,7 +372,7 @@ def main(argv: list[str]) -> int:
         if profile.inprocess.enabled:
             from resctl.shim.inprocess import run_wrapped
 
-            run_wrapped(shim, target)
+            run_wrapped(shim, target, on_fault=lambda err: stop_if_incurable(shim, err))
         else:
             shim.run_target(target)
     except SystemExit as exit_:
@@ -387,10 +387,23 @@ def main(argv: list[str]) -> int:
             shim.events.emit("fault", cause="exception", injected=False, step=shim.step,
                              error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=20))
         shim.finish("error")
+        stop_if_incurable(shim, err)
         raise
     _finish_checkpoints(shim)
     shim.finish("ok")
     return 0
+
+
+def stop_if_incurable(shim: Shim, err: BaseException) -> None:
+    """A checkpoint error no restart can cure stops the job (docs/recovery.md, "Faults no restart cures")."""
+    from resctl.checkpoint.errors import CheckpointDirInUse, CheckpointMismatch, SaveFailuresExceeded
+    from resctl.errors import EXIT_USAGE
+    from resctl.launch import stop
+
+    if isinstance(err, (CheckpointDirInUse, CheckpointMismatch)):
+        stop.stop_job(shim.run_dir, shim.rank, err, EXIT_USAGE)
+    elif isinstance(err, SaveFailuresExceeded):
+        stop.stop_job(shim.run_dir, shim.rank, err, 1)
 
 
 def _finish_checkpoints(shim: Shim) -> None:

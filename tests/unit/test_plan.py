@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from resctl.errors import UsageError
-from resctl.launch.plan import SHIM_PATH, Target, plan, redact
+from resctl.launch.plan import SHIM_PATH, Target, plan
 from resctl.launch.rendezvous import Rendezvous, detect
 from resctl.profile.load import resolve
 
@@ -114,13 +114,19 @@ def test_inprocess_env_respects_the_user() -> None:
     assert p.env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0" and "NCCL_NVLS_ENABLE" not in p.env
 
 
-def test_secrets_are_redacted() -> None:
-    assert redact("HF_TOKEN", "abc") == "<redacted>"
-    assert redact("AWS_SECRET_ACCESS_KEY", "abc") == "<redacted>"
-    assert redact("FI_PROVIDER", "efa") == "efa"
-
-
 def test_standalone_runs_get_unique_ids_and_port_zero() -> None:
     launch = resolve(None, env={}, cwd=Path("/nonexistent")).profile.launch
     a, b = detect(launch, {}, "laptop"), detect(launch, {}, "laptop")
     assert a.endpoint == b.endpoint == "127.0.0.1:0" and a.run_id != b.run_id and "none" not in a.run_id
+
+
+def test_dry_run_layers_say_what_is_on_and_why() -> None:
+    from resctl.launch.plan import recovery_layers
+    from resctl.profile.schema import Profile
+
+    off = recovery_layers(Profile(), "0.4", fork_workers=True)
+    assert "in-job restart: on" in off[0] and "forked" in off[0] and "0.5s" in off[0]
+    assert off[1].startswith("in-process restart: off")
+    on = recovery_layers(Profile.model_validate({"inprocess": {"enabled": True}}), "0.7", fork_workers=False)
+    assert "every rank" in on[1] and "exec" in on[0]
+    assert "deprecated since NVRx 0.6" in on[2]
