@@ -2,10 +2,20 @@
 complete -c resctl -f
 complete -c resctl -n '__fish_use_subcommand' -a 'doctor profile report run tune-interval'
 complete -c resctl -n '__fish_seen_subcommand_from run' -l dry-run
+complete -c resctl -n '__fish_seen_subcommand_from run' -l duplicate-stderr-filters
+complete -c resctl -n '__fish_seen_subcommand_from run' -l duplicate-stdout-filters
+complete -c resctl -n '__fish_seen_subcommand_from run' -l duplicate_stderr_filters
+complete -c resctl -n '__fish_seen_subcommand_from run' -l duplicate_stdout_filters
+complete -c resctl -n '__fish_seen_subcommand_from run' -l event-log-handler
+complete -c resctl -n '__fish_seen_subcommand_from run' -l event_log_handler
 complete -c resctl -n '__fish_seen_subcommand_from run' -l local-addr
+complete -c resctl -n '__fish_seen_subcommand_from run' -l local-ranks-filter
 complete -c resctl -n '__fish_seen_subcommand_from run' -l local_addr
+complete -c resctl -n '__fish_seen_subcommand_from run' -l local_ranks_filter
 complete -c resctl -n '__fish_seen_subcommand_from run' -l log-dir
 complete -c resctl -n '__fish_seen_subcommand_from run' -l log_dir
+complete -c resctl -n '__fish_seen_subcommand_from run' -l logs-specs
+complete -c resctl -n '__fish_seen_subcommand_from run' -l logs_specs
 complete -c resctl -n '__fish_seen_subcommand_from run' -l master-addr
 complete -c resctl -n '__fish_seen_subcommand_from run' -l master-port
 complete -c resctl -n '__fish_seen_subcommand_from run' -l master_addr
@@ -24,6 +34,8 @@ complete -c resctl -n '__fish_seen_subcommand_from run' -l node-rank
 complete -c resctl -n '__fish_seen_subcommand_from run' -l node_rank
 complete -c resctl -n '__fish_seen_subcommand_from run' -l nproc-per-node
 complete -c resctl -n '__fish_seen_subcommand_from run' -l nproc_per_node
+complete -c resctl -n '__fish_seen_subcommand_from run' -l numa-binding
+complete -c resctl -n '__fish_seen_subcommand_from run' -l numa_binding
 complete -c resctl -n '__fish_seen_subcommand_from run' -l preflight
 complete -c resctl -n '__fish_seen_subcommand_from run' -l profile
 complete -c resctl -n '__fish_seen_subcommand_from run' -l rdzv-backend
@@ -35,16 +47,27 @@ complete -c resctl -n '__fish_seen_subcommand_from run' -l rdzv_conf
 complete -c resctl -n '__fish_seen_subcommand_from run' -l rdzv_endpoint
 complete -c resctl -n '__fish_seen_subcommand_from run' -l rdzv_id
 complete -c resctl -n '__fish_seen_subcommand_from run' -l redirects
+complete -c resctl -n '__fish_seen_subcommand_from run' -l role
 complete -c resctl -n '__fish_seen_subcommand_from run' -l run-dir
+complete -c resctl -n '__fish_seen_subcommand_from run' -l run-path
+complete -c resctl -n '__fish_seen_subcommand_from run' -l run_path
 complete -c resctl -n '__fish_seen_subcommand_from run' -l set
+complete -c resctl -n '__fish_seen_subcommand_from run' -l shutdown-timeout
+complete -c resctl -n '__fish_seen_subcommand_from run' -l shutdown_timeout
+complete -c resctl -n '__fish_seen_subcommand_from run' -l signals-to-handle
+complete -c resctl -n '__fish_seen_subcommand_from run' -l signals_to_handle
 complete -c resctl -n '__fish_seen_subcommand_from run' -l standalone
 complete -c resctl -n '__fish_seen_subcommand_from run' -l start-method
 complete -c resctl -n '__fish_seen_subcommand_from run' -l start_method
 complete -c resctl -n '__fish_seen_subcommand_from run' -l tee
+complete -c resctl -n '__fish_seen_subcommand_from run' -l verbose
+complete -c resctl -n '__fish_seen_subcommand_from run' -l virtual-local-rank
+complete -c resctl -n '__fish_seen_subcommand_from run' -l virtual_local_rank
 complete -c resctl -n '__fish_seen_subcommand_from run' -s m
 complete -c resctl -n '__fish_seen_subcommand_from run' -s p
 complete -c resctl -n '__fish_seen_subcommand_from run' -s r
 complete -c resctl -n '__fish_seen_subcommand_from run' -s t
+complete -c resctl -n '__fish_seen_subcommand_from run' -s v
 complete -c resctl -n '__fish_seen_subcommand_from run' -l help
 complete -c resctl -n '__fish_seen_subcommand_from run' -F
 complete -c resctl -n '__fish_seen_subcommand_from doctor' -l deep

@@ -42,7 +42,7 @@ def _root(
 
 app.command(
     "run",
-    context_settings={"allow_interspersed_args": False},
+    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},  # as torchrun
     epilog=run_cmd.EPILOG,
 )(run_cmd.run)
 app.add_typer(profile_cmd.app, name="profile")

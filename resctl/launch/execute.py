@@ -127,20 +127,22 @@ def exit_code(code: int, received: Sequence[int]) -> int:
 
 def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int:
     """Start ft_launcher, forward signals, return its exit code (printing a summary on failure)."""
+    import time
+
+    started = time.monotonic()
     write_files(launch_plan)
     (launch_plan.run_dir / stop.FATAL_FILE).unlink(missing_ok=True)  # a reason is this run's only
-    for note in launch_plan.notes:
-        on_event(f"resctl: {note}")
+    _notes(launch_plan, on_event)
     on_event(f"resctl: run {launch_plan.run_id} -> {launch_plan.run_dir}")
     if launch_plan.metrics_port is not None:
         on_event(f"resctl: metrics on http://{serve_metrics(launch_plan)}/metrics")
     env = {**os.environ, **launch_plan.env}
     received: list[int] = []
-    started: list[subprocess.Popen[bytes]] = []
+    children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: object) -> None:
         received.append(signum)
-        for child in started:
+        for child in children:
             try:
                 child.send_signal(signum)
             except ProcessLookupError:
@@ -150,7 +152,7 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
         child = subprocess.Popen(launcher_program() + launch_plan.args, env=env)
-        started.append(child)
+        children.append(child)
         for signum in received:  # arrived while the launcher was starting
             child.send_signal(signum)
         launcher_code = child.wait()
@@ -172,4 +174,20 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
 
         for line in failure_summary(launch_plan.run_dir, code):
             on_event(line)
+    else:
+        on_event(f"resctl: finished in {time.monotonic() - started:.1f} s (exit 0); `resctl report "
+                 f"{launch_plan.run_dir}` for details")
     return code
+
+
+def _notes(launch_plan: LaunchPlan, on_event: Callable[[str], None]) -> None:
+    """How the plan was made (rendezvous, run id): into the run directory's launcher.log, and on the
+    console only with -v (RESCTL_VERBOSE=1); a fault drill is always said."""
+    from resctl.launch.ft_entry import LOG_FILE
+
+    verbose = os.environ.get("RESCTL_VERBOSE") == "1"
+    with open(launch_plan.run_dir / LOG_FILE, "a", encoding="utf-8") as log:
+        for note in launch_plan.notes:
+            log.write(f"resctl: {note}\n")
+            if verbose or "FAULT DRILL" in note:
+                on_event(f"resctl: {note}")

@@ -25,13 +25,20 @@ checks for the exact gap it fills:
   groups and then sleeps 1 s. Forked workers shared the launcher's group, so on 0.7 the first restart
   SIGTERMed the launcher and `resctl run` themselves. Every process forked from the launcher now leads
   its own group, and the cleanup waits only while a group still has members.
+- **Quiet console.** With `RESCTL_RUN_DIR` set and not `RESCTL_VERBOSE=1`, the launcher's log
+  lines and warnings and its rank monitors' lines go to `<run_dir>/launcher.log` (the logging
+  root handler; the `sys` the rank-monitor module sees); the console keeps the workers' own
+  output (the process's stdout and stderr, which workers inherit, are untouched) and one line per
+  worker-group restart.
 
 Forked workers inherit the launcher's memory: the patches are undone in every child at fork.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import select
 import signal
 import time
@@ -40,10 +47,67 @@ from typing import Any
 from resctl.launch import stop
 from resctl.patching import Patches
 
-# Imported once in the launcher when workers are forked from it, so no worker pays for them again.
-# torch imports torch._dynamo (and sympy) lazily on the first optimizer it builds: seconds per worker.
-PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "torch._dynamo", "torch.distributed.fsdp",
-           "resctl.shim.runtime", "resctl.checkpoint", "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
+# Imported once in the launcher when workers are forked from it, so no worker pays for them again:
+# what every worker imports (torch, the shim), before the first workers start. What a script may
+# import later (torch imports torch._dynamo and sympy on the first optimizer it builds: about 1 s;
+# FSDP 0.5 s) is imported in a thread once the first workers have run `LATE_AFTER` seconds, or
+# before workers are started again if that was sooner: a job's start never waits for them, nor a
+# short job's end (the happy path is torchrun's, bench/bench_happy_path.py), and restarted workers
+# are forked with them loaded (in-job recovery in well under a second, bench/bench_recovery.py).
+PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "resctl.shim.runtime", "resctl.checkpoint.engine",
+           "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
+LATE_PRELOAD = ("torch._dynamo", "torch.distributed.fsdp")
+LATE_AFTER = 3.0  # seconds the first workers run before LATE_PRELOAD is imported beside them
+
+
+class _LatePreload:
+    """`LATE_PRELOAD`, imported in a thread beside running workers. Every fork of the launcher
+    (workers, rank monitors) happens in `_start_workers`, which first waits for the thread (a child
+    forked while another thread holds an import lock could deadlock on it) or imports them itself."""
+
+    thread: Any = None
+    started_at: float | None = None
+
+    @classmethod
+    def enabled(cls) -> bool:
+        return os.environ.get("RESCTL_PRELOAD") == "1"
+
+    @classmethod
+    def workers_started(cls) -> None:
+        import time
+
+        if cls.started_at is None:
+            cls.started_at = time.monotonic()
+
+    @classmethod
+    def maybe_start(cls) -> None:
+        """From the monitor loop: start the thread once the first workers have run long enough."""
+        import threading
+        import time
+
+        if cls.thread is not None or cls.started_at is None or not cls.enabled():
+            return
+        if time.monotonic() - cls.started_at >= LATE_AFTER:
+            cls.thread = threading.Thread(target=_import, args=(LATE_PRELOAD,), name="resctl-preload", daemon=True)
+            cls.thread.start()
+
+    @classmethod
+    def before_fork(cls) -> None:
+        if cls.thread is not None:
+            cls.thread.join()
+        elif cls.started_at is not None and cls.enabled():  # a restart came first
+            _import(LATE_PRELOAD)
+
+
+def _import(names: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a worker that needs it imports it (and reports) itself
+            continue
+
 
 PATCHES = Patches("launcher")
 
@@ -68,6 +132,25 @@ class _Agent:
             return [int(p) for p in pcontext.pids().values()]
         except Exception:  # noqa: BLE001 - a context being torn down
             return []
+
+
+    @classmethod
+    def result_fds(cls) -> list[int]:
+        """Read ends of the return-value queues of forked workers that have not reported yet.
+        A forked worker that finished puts its result there and then waits for the launcher to
+        read it before it exits (torch's `MultiprocessContext`), so its end is seen here first."""
+        pcontext = getattr(cls.current, "_pcontext", None)
+        queues = getattr(pcontext, "_ret_vals", None) or {}
+        done = getattr(pcontext, "_return_values", None) or {}
+        fds = []
+        for local_rank, queue in queues.items():
+            if local_rank in done:
+                continue
+            try:
+                fds.append(queue._reader.fileno())
+            except (AttributeError, OSError, ValueError):  # closed, or another queue type
+                continue
+        return fds
 
 
 def _stop_file() -> Any:
@@ -133,7 +216,10 @@ def _quick_restart_stops(patches: Patches) -> None:
     def tracked_start_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
         _Agent.current = self
         stop.clear(_stop_file())
-        return start_workers(self, *args, **kwargs)
+        _LatePreload.before_fork()
+        started = start_workers(self, *args, **kwargs)
+        _LatePreload.workers_started()
+        return started
 
     patches.set(agent_cls, "_stop_workers", marked_stop_workers)
     patches.set(agent_cls, "_start_workers", tracked_start_workers)
@@ -150,6 +236,7 @@ class _WakeOnWorkerExit:
         return getattr(self._real, name)
 
     def sleep(self, seconds: float) -> None:
+        _LatePreload.maybe_start()
         fds = []
         for pid in _Agent.live_pids():
             try:
@@ -162,7 +249,7 @@ class _WakeOnWorkerExit:
             if not alive:
                 self._real.sleep(seconds)
             else:
-                select.select(alive, [], [], seconds)
+                select.select(alive + _Agent.result_fds(), [], [], seconds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -275,8 +362,83 @@ def _launcher_title() -> str:
         return "resctl-launcher"
 
 
+LOG_FILE = "launcher.log"
+RESTART_MESSAGE = "will restart worker group"  # torch elastic's line when a worker group failed
+FAILED_MESSAGE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")  # ... and a worker's failure
+
+
+class FaultLines(logging.Handler):
+    """Console handler of a quiet launcher: one `resctl:` line per worker-group restart, naming the
+    failure before it (its last traceback line); the rest of both records is in launcher.log."""
+
+    def __init__(self, console: Any) -> None:
+        super().__init__(logging.INFO)
+        self.console = console
+        self.failure = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            failed = FAILED_MESSAGE.search(message)
+            if failed:
+                text = message + "\n" + (str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
+                lines = [line.strip() for line in text.splitlines() if line.strip()]
+                cause = lines[-1] if len(lines) > 1 else f"exit code {failed.group(1)}"
+                self.failure = f"local rank {failed.group(2)} failed ({cause[:200]})"
+            elif RESTART_MESSAGE in message:
+                left = re.search(r"(\d+)/(\d+) attempts left", message)
+                restarts = f", {left.group(1)} of {left.group(2)} restarts left" if left else ""
+                self.console.write(f"resctl: {self.failure or 'a worker failed'}; restarting the workers{restarts} "
+                                   "(details: launcher.log in the run directory)\n")
+                self.console.flush()
+                self.failure = ""
+        except Exception:  # noqa: BLE001 - a console line is never worth a launcher crash
+            self.handleError(record)
+
+
+class _LogSys:
+    """Stands in for the `sys` module inside NVRx's rank-monitor module: its loggers (made in the
+    forked monitor process) write to the launcher's log file instead of the console."""
+
+    def __init__(self, real: Any, log: Any) -> None:
+        self._real = real
+        self.stdout = self.stderr = log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+QUIET = Patches("quiet launcher")  # not undone at fork: the rank monitors are forked children
+
+
+def quiet_logs(env: Any = os.environ) -> str | None:
+    """Send the launcher's log lines, its warnings and its rank monitors' lines to
+    `<run_dir>/launcher.log`, keeping one console line per worker-group restart; returns the file,
+    or None when the console keeps them (`RESCTL_VERBOSE=1`, no run dir). The process's own
+    stdout and stderr, which the workers inherit, are left alone."""
+    import sys
+
+    run_dir = env.get("RESCTL_RUN_DIR")
+    if not run_dir or env.get("RESCTL_VERBOSE") == "1" or QUIET:
+        return None
+    path = os.path.join(run_dir, LOG_FILE)
+    log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - for the process's life
+    logging.basicConfig(  # before NVRx's own basicConfig (at its import), which then does nothing
+        stream=log, level=os.getenv("FT_LAUNCHER_LOGLEVEL", "INFO"),
+        format=f"[%(asctime)s] [%(levelname)s] [ft_launcher{os.getpid()}] %(message)s",
+    )
+    logging.captureWarnings(True)
+    logging.getLogger().addHandler(FaultLines(sys.stderr))
+    from nvidia_resiliency_ext.fault_tolerance import rank_monitor_server
+
+    QUIET.set(rank_monitor_server, "sys", _LogSys(sys, log))
+    return path
+
+
 def main() -> None:
     import atexit
+
+    quiet_logs()
 
     marker = stop.file_for(os.getpid())
     os.environ[stop.ENV] = str(marker)
@@ -293,7 +455,29 @@ def main() -> None:
     set_title(_launcher_title())
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as launcher_main
 
-    launcher_main()
+    try:
+        launcher_main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    exit_quickly(code)
+
+
+def exit_quickly(code: int) -> None:
+    """Exit as the interpreter would, less its teardown of every module (torch's takes about
+    0.5 s): the atexit handlers run (logging's flush, multiprocessing's children, the marker file),
+    then the standard streams are flushed."""
+    import atexit
+    import sys
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ def _toml(section: str, fld: str, value: Any) -> str:
 
 
 def starter_toml() -> str:
-    """Every key at its default, commented out (`#key = value`), under its documentation (`# text`)."""
+    """Every key at its default, commented out (`#key = value`, valid TOML once the `#` goes), under
+    its documentation (`# text`); a key unset by default is only documented."""
     defaults = Profile()
     lines = ["# resctl profile. Precedence: defaults < this file < RESCTL_* env < flags < --set.",
              "# Durations take units: 250ms, 90s, 15m, 24h (a bare number is seconds).", ""]
@@ -45,8 +46,8 @@ def starter_toml() -> str:
         for fld, info in model.model_fields.items():
             value = getattr(getattr(defaults, section), fld)
             lines.append(f"# {info.description or ''}")
-            if value is None:
-                lines.append(f"#{key_name(section, fld)} =   (unset)")
+            if value is None:  # TOML has no null: a note, not a line that breaks once uncommented
+                lines.append(f"# {key_name(section, fld)}: unset by default (set it to give it a value)")
             else:
                 lines.append(f"#{key_name(section, fld)} = {_toml(section, fld, value)}")
         lines.append("")

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
-from resctl.shim import snapshots
+from resctl.shim import fork_env, snapshots
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
 from resctl.shim.target import Target, parse_argv, run_target
@@ -38,6 +38,13 @@ from resctl.telemetry.events import EventLog, host
 
 EXIT_SIGTERM = 143
 PING_EVERY = 0.1  # seconds between progress pings to the in-process wrapper (rate limit)
+BEAT_EVERY = 1.0  # seconds between step heartbeats at most (rate limit); less for short timeouts
+
+
+def beat_interval(timeout: Optional[float]) -> float:
+    """Seconds between step heartbeats: `BEAT_EVERY`, or an eighth of a shorter heartbeat timeout
+    (a hang is still seen within the timeout plus this)."""
+    return BEAT_EVERY if timeout is None else min(BEAT_EVERY, timeout / 8)
 
 
 def load_plan(env: dict[str, str] | os._Environ[str]) -> tuple[Profile, Optional[Path]]:
@@ -124,19 +131,29 @@ class Shim:
         #: The in-process wrapper's progress ping for the running iteration (None without one).
         self.progress: Optional[Callable[[], None]] = None
         self._last_ping = 0.0
+        #: Seconds between the heartbeats of optimizer steps: often enough for any timeout, rarely
+        #: enough that their round trip to the rank monitor is no per-step cost.
+        self.beat_every = beat_interval(profile.heartbeat.timeout)
+        self._next_beat = 0.0  # the first step beats at once (it ends the initial timeout)
         #: Every change the shim makes to torch, NVRx and the standard library; `undo()` reverts them.
         self.patches = Patches("shim")
 
     # -- hooks -------------------------------------------------------------------------------
     def on_optimizer_step(self, *_: Any) -> None:
+        """Every optimizer step: a `step` event (batched in memory, `EventLog.step`), and at most
+        every `beat_every` a heartbeat (a round trip to the rank monitor) and every `PING_EVERY` a
+        progress ping; so a step costs microseconds however short it is (bench/bench_shim_step.py)."""
         self.step += 1
         now = time.monotonic()
-        self.events.emit("step", step=self.step, duration=round(now - self._last_step_t, 6))
+        self.events.step(self.step, now - self._last_step_t)
         self._last_step_t = now
-        if self.heartbeats.client is None:
-            self.heartbeats.connect()
-        self.heartbeats.beat()
-        self.ping()
+        if now >= self._next_beat:
+            self._next_beat = now + self.beat_every
+            if self.heartbeats.client is None:
+                self.heartbeats.connect()
+            self.heartbeats.beat()
+        if self.progress is not None:
+            self.ping()
         if self.faults:
             self.fire_faults(self.step)
 
@@ -157,6 +174,9 @@ class Shim:
         step pings at once, which starts NVRx's manual progress timeout for the iteration."""
         self.progress = ping
         self._last_ping = 0.0
+        if ping is not None:  # an iteration (re)starts: the rank monitor hears of it now, and of its first step
+            self._next_beat = 0.0
+            self.heartbeats.beat()
 
     def checkpoint_beat(self) -> None:
         """Heartbeat for the checkpoint engine (before/after saves, during long writes)."""
@@ -205,6 +225,7 @@ class Shim:
     def on_resume(self, step: int, load_seconds: float = 0.0, **detail: Any) -> None:
         self.step = step
         self._last_step_t = time.monotonic()  # the first step's duration excludes start-up and load
+        self._next_beat = 0.0  # the first step after a resume beats at once
         self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6), **detail)
 
     def on_restart_stop(self) -> None:
@@ -333,6 +354,7 @@ def _keep_spawn_children_off_main(patches: Patches) -> None:
 
 
 def main(argv: list[str]) -> int:
+    fork_env.apply()  # a worker forked from the launcher: what torchrun's environment would give
     target = parse_argv(argv)
     profile, run_dir = load_plan(os.environ)
     shim = Shim(profile, run_dir)

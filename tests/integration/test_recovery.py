@@ -43,9 +43,15 @@ IN_PROCESS = [
 def job(tmp: Path, name: str, nproc: int, *, inprocess: bool = False, sets: tuple[str, ...] = (),
         steps: int = STEPS, step_time: float = 0.03) -> list[str]:
     overrides = [f"checkpoint.dir={tmp / (name + '-ckpt')}", "checkpoint.interval_steps=5",
-                 # The launcher's hang detection: well above a step, below the test's patience; with
-                 # in-process on it must also exceed soft_timeout plus an in-process restart.
-                 f"heartbeat.timeout={'12s' if inprocess else '4s'}", "heartbeat.check_interval=1s",
+                 # The launcher's hang detection: well above a step, below the test's patience. With
+                 # in-process on, it must also outlast the in-process layer's worst case, or the rank
+                 # monitors kill ranks that in-process restart was still recovering (an extra launcher
+                 # cycle): a fault right after a restart can wait out inprocess.barrier_timeout (15s)
+                 # on a loaded box, after soft_timeout (5s) for a hang. 12s did, once in a while
+                 # ("Did not get subsequent heartbeat. Waited 12.00 seconds" on both ranks 12 s after
+                 # the exception at step 14). Faults here are seen by soft_timeout and process exits,
+                 # never by this timeout, so a longer one costs no time.
+                 f"heartbeat.timeout={'25s' if inprocess else '4s'}", "heartbeat.check_interval=1s",
                  "launch.max_restarts=6",
                  # The checkpoint_exception drill is meant to restart the job: stop at the first failed write.
                  "checkpoint.max_failed_saves=1", *sets]

@@ -124,3 +124,77 @@ def test_a_bad_line_does_not_drop_the_rest_of_a_metrics_batch(tmp_path: Path) ->
     families = {f.name: f.samples[0].value for f in collector.collect() if f.samples}
     assert families["resctl_steps"] == 30
     assert families["resctl_event_lines_damaged"] == 2
+
+
+def _read(path: Path) -> list[dict]:
+    stats = ev.ReadStats()
+    out = list(ev.read_file(path, stats))
+    assert stats.damaged == 0, stats.examples
+    return out
+
+
+def test_batched_step_events_are_valid_in_order_and_complete_at_close(tmp_path: Path) -> None:
+    log = ev.EventLog(tmp_path, rank=3, cycle=2)
+    log.emit("start", pid=1)
+    for n in range(1, 6):
+        log.step(n, 0.25 * n)
+    assert [e["kind"] for e in _read(ev.events_path(tmp_path, 3))] == ["start"], "steps wait for their batch"
+    log.iteration = 1
+    log.emit("restart", layer="inprocess")  # any other event writes the batch first: the file stays in order
+    log.step(6, 1e-7)
+    log.close()
+    got = _read(ev.events_path(tmp_path, 3))
+    assert [e["kind"] for e in got] == ["start"] + ["step"] * 5 + ["restart", "step"]
+    steps = [e for e in got if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == [1, 2, 3, 4, 5, 6]
+    assert [e["duration"] for e in steps] == [0.25, 0.5, 0.75, 1.0, 1.25, 0.0]
+    assert [e["iteration"] for e in steps] == [0] * 5 + [1], "a step keeps the iteration it was made in"
+    assert all(e["rank"] == 3 and e["cycle"] == 2 for e in got)
+    assert [e["t"] for e in got] == sorted(e["t"] for e in got)
+
+
+def test_a_step_batch_is_written_after_flush_every_or_batch_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setattr(ev, "STEP_BATCH", 4)
+    monkeypatch.setattr(ev, "STEP_FLUSH_EVERY", 0.2)
+    log = ev.EventLog(tmp_path, rank=0)
+    for n in range(1, 10):
+        log.step(n, 0.001)
+    assert [e["step"] for e in _read(ev.events_path(tmp_path, 0))] == [1, 2, 3, 4, 5, 6, 7, 8]
+    time.sleep(0.25)
+    log.step(10, 0.001)  # the batch of step 9 is overdue now
+    assert [e["step"] for e in _read(ev.events_path(tmp_path, 0))][-2:] == [9, 10]
+    log.close()
+
+
+KILLED_WRITER = """
+import sys, time
+from resctl.telemetry.events import EventLog
+log = EventLog(sys.argv[1], rank=0)
+n = 0
+t_end = time.monotonic() + 2.5
+while time.monotonic() < t_end:
+    n += 1
+    log.step(n, 0.001)
+    time.sleep(0.001)
+print(n, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_sigkill_loses_at_most_the_last_batch_of_steps(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    made = int(proc.stdout.readline())
+    killed_at = time.time()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    steps = _read(ev.events_path(tmp_path, 0))
+    assert [e["step"] for e in steps] == list(range(1, len(steps) + 1)), "no gap, no torn line"
+    assert len(steps) < made, "the last batch was still in memory"
+    assert killed_at - steps[-1]["t"] <= ev.STEP_FLUSH_EVERY + 1.0, "what was lost is at most one batch"

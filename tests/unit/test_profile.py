@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
+
 from pathlib import Path
 
 import pytest
@@ -116,9 +121,11 @@ def test_fault_schedule_from_env() -> None:
 def test_starter_profile_parses_to_the_defaults(tmp_path: Path) -> None:
     text = starter_toml()
     uncommented = "\n".join(
-        line[1:] if line[:1] == "#" and line[1:2] not in (" ", "") and "(unset)" not in line else line
-        for line in text.splitlines()
+        line[1:] if line[:1] == "#" and line[1:2] not in (" ", "") else line for line in text.splitlines()
     )
+    for line in text.splitlines():  # every line a user may uncomment is valid TOML on its own
+        if line[:1] == "#" and line[1:2] not in (" ", ""):
+            tomllib.loads(line[1:])
     r = resolve(write(tmp_path, uncommented), env={})
     assert r.profile == Profile()
     for dotted in keys():

@@ -1,0 +1,104 @@
+"""The fault-free path, `torchrun` vs. `resctl run` (default profile), side by side and alternating.
+
+Two unmodified torchrun-style jobs, each run under both launchers in turn, `--repeats` times:
+
+- a no-op job (bench/scripts/happy_noop.py: one line per rank): wall time from starting the
+  command to its exit, and the console's non-empty line count;
+- a tiny-step DDP loop (bench/scripts/happy_ddp.py) that times its own steps: the median step.
+
+A new user's environment: OMP_NUM_THREADS unset, no resctl.toml (the default profile, AWS values:
+monitor interval 5 s, heartbeat 900 s), the run directory in a temporary folder. Targets: no-op wall
+within 0.5 s of torchrun; CPU step median within 20 us (GPU: within 2 %); console lines at most
+torchrun's + 3.
+
+    python bench/bench_happy_path.py --repeats 5                       # this CPU box (gloo)
+    python bench/bench_happy_path.py --repeats 5 --device cuda --nproc 8 # one GPU node (nccl)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NOOP = HERE / "scripts" / "happy_noop.py"
+DDP = HERE / "scripts" / "happy_ddp.py"
+
+
+def launcher(kind: str, nproc: int, run_dir: Path) -> list[str]:
+    if kind == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    return [sys.executable, "-m", "resctl", "run", "--nproc-per-node", str(nproc), "--run-dir", str(run_dir)]
+
+
+def run(cmd: list[str], cwd: Path) -> tuple[float, list[str]]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RESCTL_VERBOSE")}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n" + "\n".join(lines[-40:]))
+    return wall, lines
+
+
+def step_median(lines: list[str]) -> float:
+    for line in lines:
+        if line.startswith("STEPS "):
+            fields = dict(part.split("=") for part in line.split()[1:])
+            return float(fields["median_us"])
+    raise SystemExit("the DDP job printed no STEPS line:\n" + "\n".join(lines[-20:]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--json", type=Path, help="also write the raw numbers here")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-happy-"))
+    kinds = ("torchrun", "resctl")
+    wall: dict[str, list[float]] = {k: [] for k in kinds}
+    lines: dict[str, list[int]] = {k: [] for k in kinds}
+    step: dict[str, list[float]] = {k: [] for k in kinds}
+    ddp_args = [str(DDP), "--steps", str(args.steps), "--device", args.device]
+    for i in range(args.repeats):
+        order = kinds if i % 2 == 0 else kinds[::-1]  # alternate who goes first
+        for kind in order:
+            seconds, out = run(launcher(kind, args.nproc, tmp / f"noop-{kind}-{i}") + [str(NOOP)], tmp)
+            wall[kind].append(seconds)
+            lines[kind].append(len(out))
+        for kind in order:
+            _, out = run(launcher(kind, args.nproc, tmp / f"ddp-{kind}-{i}") + ddp_args, tmp)
+            step[kind].append(step_median(out))
+        print(f"repeat {i + 1}: no-op wall torchrun {wall['torchrun'][-1]:.2f} s, resctl {wall['resctl'][-1]:.2f} s; "
+              f"step median torchrun {step['torchrun'][-1]:.1f} us, resctl {step['resctl'][-1]:.1f} us", flush=True)
+    med = {k: (statistics.median(wall[k]), statistics.median(step[k]), max(lines[k])) for k in kinds}
+    (tw, ts, tl), (rw, rs, rl) = med["torchrun"], med["resctl"]
+    step_target = 20.0 if args.device == "cpu" else 0.02 * ts
+    print(f"\n{platform.node()} ({os.cpu_count()} cores), python {platform.python_version()}, device {args.device}, "
+          f"{args.nproc} ranks, {args.repeats} repeats alternating, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"{'':24}{'torchrun':>12}{'resctl':>12}{'diff':>12}  target")
+    print(f"{'no-op wall (median)':24}{tw:>11.2f}s{rw:>11.2f}s{rw - tw:>+11.2f}s  <= +0.5 s "
+          f"{'OK' if rw - tw <= 0.5 else 'MISSED'}")
+    print(f"{'step (median of medians)':24}{ts:>10.1f}us{rs:>10.1f}us{rs - ts:>+10.1f}us  <= +{step_target:.1f} us "
+          f"{'OK' if rs - ts <= step_target else 'MISSED'}")
+    print(f"{'console lines (max)':24}{tl:>12d}{rl:>12d}{rl - tl:>+12d}  <= +3 {'OK' if rl - tl <= 3 else 'MISSED'}")
+    if args.json:
+        args.json.write_text(json.dumps({"wall": wall, "step_us": step, "lines": lines, "device": args.device,
+                                         "nproc": args.nproc}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
