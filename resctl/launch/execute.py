@@ -99,6 +99,9 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    from resctl.checkpoint import memdir
+
+    memdir.release_job(launch_plan.run_id)  # backstop: memory-tier snapshots this node's workers left
     if code < 0:  # the launcher itself died of a signal: report it the way a shell would
         code = 128 - code
     if code != 0 and received:
