@@ -70,8 +70,28 @@ def test_a_new_process_state_restores_the_newest_snapshot_bitwise(tmp_path: Path
     assert state["extra"] == {"note": "x", "step": 7}
     (load,) = [e for e in read_events(tmp_path / "ev") if e["kind"] == "ckpt_load"]
     assert load["tier"] == "memory" and load["step"] == 7
-    # Two slots: the newest and the one before (what a lagging rank needs to agree on a step).
-    assert sorted(_tier_steps(shm)) == [6, 7]
+    # The optimizer's state (new after a restart) now lives in step 7's shared pages (zero copy),
+    # so that slot was detached: only step 6 is left until the next snapshot, which lands in the
+    # other slot, and the one after in the detached slot's replacement.
+    assert _tier_steps(shm) == [6]
+    assert all(not p.exists() for p in _slots(shm).glob("slot-*/.manifest.json.tmp"))
+    state2 = _train_and_snapshot_into(c2, state, range(8, 11))
+    c2.close()
+    assert sorted(_tier_steps(shm)) == [9, 10]
+    fresh = _fresh()
+    assert _ckpt(tmp_path).load(fresh) == 10
+    _assert_same(fresh["optim"].state_dict(), state2["optim"].state_dict())
+
+
+def _train_and_snapshot_into(c: Checkpointer, state: dict[str, Any], steps: range) -> dict[str, Any]:
+    model, optim = state["model"], state["optim"]
+    for step in steps:
+        model(torch.randn(4, 16)).pow(2).mean().backward()
+        optim.step()
+        optim.zero_grad()
+        c.maybe_save(state, step)
+    c.wait()
+    return state
 
 
 def _tier_steps(shm: Path) -> list[int]:
@@ -93,7 +113,8 @@ def test_a_damaged_snapshot_is_skipped_for_the_other_slot_and_the_newer_timeline
     assert c2.load(_fresh()) == 6
     skips = [e for e in read_events(tmp_path / "ev") if e["kind"] == "ckpt_skip"]
     assert skips and skips[0]["step"] == 7 and "checksum mismatch" in skips[0]["reason"]
-    assert _tier_steps(shm) == [6]  # step 7 is not offered again (nor overwritten by mistake later)
+    # Step 7 is never offered again (an abandoned timeline); step 6's slot went to the live state.
+    assert _tier_steps(shm) == []
     state = _train_and_snapshot(c2, range(7, 9))
     c2.close()
     assert sorted(_tier_steps(shm)) == [7, 8]
