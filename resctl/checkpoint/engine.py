@@ -323,7 +323,7 @@ class Checkpointer:
         try:
             structure = st.flatten(entries, tensors, {})  # a sharded state raises: not supported here
             meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
-            snap, _ = tier.save(tensors, meta, step, self._stage)
+            snap, _ = tier.save(tensors, meta, step, self._stage, on_device=self.stage == "device")
         except Exception as err:  # noqa: BLE001 - the disk tier goes on; the memory tier stops
             self._memory_off(err)
             return None
@@ -591,6 +591,7 @@ class Checkpointer:
         if snapshot is not None:  # written from the memory snapshot: no second copy out of the state
             specs, total, meta, staged = snapshot.specs, snapshot.total, snapshot.meta, snapshot.view
         else:
+            self._wait_memory()  # a memory commit may still be copying out of the device arena
             tensors: list[torch.Tensor] = []
             structure = st.flatten(entries, tensors, {})
             meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
@@ -601,6 +602,8 @@ class Checkpointer:
         fail = self.take_injected_failure()
 
         def job() -> None:
+            if snapshot is not None and snapshot.ready is not None:
+                snapshot.ready.result()  # device staging: the bytes reach the slot in the memory tier's commit
             self._persist_plain(staged, specs, total, meta, step, staged_at, fail)
 
         self.submit(job, step, final)
@@ -805,7 +808,7 @@ class Checkpointer:
                 if verified is not None and verified.data is not None:
                     verified.data.close()
                 continue
-            assert verified is not None
+            assert verified is not None and tier is not None
             tier.restore(verified, state)
             tier.forget_newer(step)
             self.events.emit("ckpt_load", step=step, tier="memory", seconds=round(time.monotonic() - t0, 6),

@@ -64,8 +64,8 @@ log = logging.getLogger("resctl.checkpoint.memory")
 DATA = "data-0.bin"
 CHUNK = 256 << 20  # bytes per checksum call (each releases the GIL)
 
-#: Stages `tensors` into `arena` (the engine's `_stage`): (tensors, total, arena) -> staged bytes.
-StageFn = Callable[[list[torch.Tensor], int, torch.Tensor], torch.Tensor]
+#: The engine's `_stage`: (tensors, total, buffer or None for its own arena) -> staged bytes.
+StageFn = Callable[[list[torch.Tensor], int, "torch.Tensor | None"], torch.Tensor]
 
 
 def checksum_of(view: memoryview) -> int:
@@ -85,6 +85,9 @@ class Snapshot:
     specs: list[fmt.TensorSpec]
     total: int
     meta: bytes
+    #: Done when the snapshot is committed (a disk write from `view` waits for it: with device
+    #: staging the bytes reach `view` in the background).
+    ready: Future[None] | None = None
 
 
 @dataclass
@@ -106,6 +109,7 @@ class _Slot:
         self._map: mmap.mmap | None = None
         self._view: torch.Tensor | None = None
         self._size = -1
+        self._pinned = False
 
     def manifest(self) -> fmt.Manifest | None:
         try:
@@ -120,10 +124,13 @@ class _Slot:
         except FileNotFoundError:
             pass
 
-    def buffer(self, total: int) -> torch.Tensor:
+    def buffer(self, total: int, pin: bool = False) -> torch.Tensor:
         """The data file mapped as `total` writable bytes (preallocated: a full /dev/shm raises
-        OSError here instead of killing the process with SIGBUS on a write into the mapping)."""
+        OSError here instead of killing the process with SIGBUS on a write into the mapping);
+        `pin`: registered with CUDA as page-locked memory (device copies at full speed)."""
         if self._view is not None and self._size == total:
+            if pin and not self._pinned:
+                self._register()
             return self._view
         self.close()
         self.path.mkdir(parents=True, exist_ok=True)
@@ -147,7 +154,20 @@ class _Slot:
         else:
             self._view = torch.frombuffer(self._map, dtype=torch.uint8)
         self._size = total
+        if pin and total:
+            self._register()
         return self._view
+
+    def _register(self) -> None:
+        """cudaHostRegister the mapping (once); without it a device-to-host copy into it runs at
+        pageable speed. Failing to register only costs speed."""
+        assert self._view is not None
+        err = torch.cuda.cudart().cudaHostRegister(self._view.data_ptr(), self._view.numel(), 0)
+        if int(err) != 0:
+            log.warning("could not register the memory-tier slot %s with CUDA (error %s): device copies run at "
+                        "pageable-memory speed", self.path, err)
+            return
+        self._pinned = True
 
     def detach(self) -> None:
         """The live state now uses this slot's pages (a zero-copy restore): remove the files, so
@@ -160,6 +180,9 @@ class _Slot:
         self.close()
 
     def close(self) -> None:
+        if self._pinned and self._view is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._view.data_ptr())
+        self._pinned = False
         self._view = None
         if self._map is not None:
             try:
@@ -186,15 +209,22 @@ class MemoryTier:
         self._commit: Future[None] | None = None
         self._pins: list[Future[Any] | None] = [None] * memdir.SLOTS
         self._last: int | None = None  # the slot written last (the next snapshot goes to the other)
+        self._stream: Any = None  # CUDA stream of the background device-to-host copies
         #: Why the tier was turned off in this process (a failed snapshot), or None.
         self.disabled: str | None = None
 
     # --- saving --------------------------------------------------------------------------------
 
-    def save(self, tensors: list[torch.Tensor], structure_meta: bytes, step: int, stage: StageFn) -> tuple[Snapshot, float]:
+    def save(self, tensors: list[torch.Tensor], structure_meta: bytes, step: int, stage: StageFn,
+             on_device: bool = False) -> tuple[Snapshot, float]:
         """Copy `tensors` into the free slot (blocking: the caller may change them afterwards) and
         commit it in the background; return the snapshot and the seconds waited for the previous
-        commit or a disk write still reading the slot."""
+        commit or a disk write still reading the slot.
+
+        CUDA tensors are copied into the slot directly (registered with CUDA as pinned memory, so
+        at the device-to-host copy's full speed); with `on_device` (checkpoint.stage = "device")
+        they are copied into a spare device buffer instead (`stage` with no buffer given) and the
+        background commit copies that to the slot: the loop is blocked for a device-to-device copy."""
         t0 = time.monotonic()
         self._wait_commit()
         k = self._target()
@@ -210,10 +240,13 @@ class MemoryTier:
         slot = self._slots[k]
         slot.invalidate()
         self._last = k
-        view = stage(tensors, total, slot.buffer(total))
+        cuda = any(t.is_cuda for t in tensors)
+        view = slot.buffer(total, pin=cuda)
+        staged = stage(tensors, total, None) if on_device and cuda else stage(tensors, total, view)
         snap = Snapshot(step, k, view, specs, total, structure_meta)
         staged_at = time.monotonic()
-        self._commit = self._exec.submit(self._commit_slot, snap, staged_at, staged_at - t0, waited)
+        device = staged if staged.is_cuda else None
+        snap.ready = self._commit = self._exec.submit(self._commit_slot, snap, device, staged_at, staged_at - t0, waited)
         return snap, waited
 
     def pin(self, slot: int, fut: Future[Any]) -> None:
@@ -226,8 +259,16 @@ class MemoryTier:
             self._last = newest[1] if newest else memdir.SLOTS - 1
         return (self._last + 1) % memdir.SLOTS
 
-    def _commit_slot(self, snap: Snapshot, staged_at: float, blocked: float, waited: float) -> None:
+    def _commit_slot(self, snap: Snapshot, device: torch.Tensor | None, staged_at: float, blocked: float,
+                     waited: float) -> None:
         slot = self._slots[snap.slot]
+        if device is not None:  # device staging: the device-to-host copy, off the training loop's stream
+            with torch.cuda.device(device.device):
+                if self._stream is None:
+                    self._stream = torch.cuda.Stream()
+                with torch.cuda.stream(self._stream):
+                    snap.view.copy_(device, non_blocking=True)
+                self._stream.synchronize()
         crc = checksum_of(fmt.byte_view(snap.view)) if snap.total else checksum(b"")
         meta_crc = checksum(snap.meta)
         _write_small(slot.path / fmt.META, snap.meta)
