@@ -124,6 +124,8 @@ class Checkpointer:
         if memory_every < 0:
             raise ValueError("memory_every must be >= 0 (0: no memory tier)")
         self.memory_every = memory_every
+        if memory_every:
+            import resctl.checkpoint.memory  # noqa: F401 - imported now, not inside a restart's load
         self._memory: MemoryTier | None = None
         #: Why this process stopped taking memory snapshots (a failed one), or None.
         self.memory_off: str | None = None

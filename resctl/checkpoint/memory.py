@@ -27,6 +27,7 @@ otherwise (e.g. an optimizer's state after a restart), then hands them to `load_
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -49,12 +50,14 @@ try:  # hardware CRC32C: verification at memory speed
     import crc32c as _crc32c
 
     CHECKSUM = "crc32c"
+    POLY = 0x82F63B78  # reflected Castagnoli polynomial
 
     def checksum(data: Any, value: int = 0) -> int:
         return int(_crc32c.crc32c(data, value))
 
 except ImportError:  # pragma: no cover - crc32c is a dependency; zlib is the fallback
     CHECKSUM = "crc32"
+    POLY = 0xEDB88320
 
     def checksum(data: Any, value: int = 0) -> int:
         return zlib.crc32(data, value)
@@ -62,17 +65,57 @@ except ImportError:  # pragma: no cover - crc32c is a dependency; zlib is the fa
 
 log = logging.getLogger("resctl.checkpoint.memory")
 DATA = "data-0.bin"
-CHUNK = 256 << 20  # bytes per checksum call (each releases the GIL)
+CHUNK = 64 << 20  # bytes per checksum call; the calls run in parallel threads (each releases the GIL)
+THREADS = max(1, min(8, os.cpu_count() or 1))
 
 #: The engine's `_stage`: (tensors, total, buffer or None for its own arena) -> staged bytes.
 StageFn = Callable[[list[torch.Tensor], int, "torch.Tensor | None"], torch.Tensor]
 
 
-def checksum_of(view: memoryview) -> int:
-    crc = 0
-    for lo in range(0, len(view), CHUNK):
-        crc = checksum(view[lo : lo + CHUNK], crc)
+def checksum_of(view: memoryview, pool: ThreadPoolExecutor | None = None) -> int:
+    """The checksum of `view`, its CHUNK-sized parts checksummed in parallel on `pool` and
+    combined (`combine`): equal to one sequential checksum of the whole."""
+    parts = [view[lo : lo + CHUNK] for lo in range(0, len(view), CHUNK)]
+    if not parts:
+        return checksum(b"")
+    crcs = list(pool.map(checksum, parts)) if pool is not None and len(parts) > 1 else [checksum(p) for p in parts]
+    crc = crcs[0]
+    for part, part_crc in zip(parts[1:], crcs[1:]):
+        crc = combine(crc, part_crc, len(part))
     return crc
+
+
+def combine(crc1: int, crc2: int, len2: int) -> int:
+    """The checksum of A + B from crc(A), crc(B) and len(B) (zlib's crc32_combine, for POLY)."""
+    return _gf2_times(_shift_operator(len2), crc1) ^ crc2
+
+
+def _gf2_times(mat: tuple[int, ...], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _gf2_square(mat: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(_gf2_times(mat, mat[n]) for n in range(32))
+
+
+@functools.lru_cache(maxsize=16)  # a state has few distinct part lengths: CHUNK and its tail
+def _shift_operator(nbytes: int) -> tuple[int, ...]:
+    """The GF(2) matrix that appends `nbytes` zero bytes to a CRC register."""
+    result = tuple(1 << n for n in range(32))  # identity
+    op = _gf2_square(_gf2_square(_gf2_square((POLY, *(1 << n for n in range(31))))))  # 1 -> 2 -> 4 -> 8 zero bits
+    while nbytes:
+        if nbytes & 1:
+            result = tuple(_gf2_times(op, result[n]) for n in range(32))
+        nbytes >>= 1
+        if nbytes:
+            op = _gf2_square(op)
+    return result
 
 
 @dataclass
@@ -206,6 +249,7 @@ class MemoryTier:
         self.events = events if events is not None else NULL_LOG
         self._slots = [_Slot(self.dir / f"slot-{k}") for k in range(memdir.SLOTS)]
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="resctl-mem")
+        self._crc_pool = ThreadPoolExecutor(THREADS, thread_name_prefix="resctl-mem-crc")
         self._commit: Future[None] | None = None
         self._pins: list[Future[Any] | None] = [None] * memdir.SLOTS
         self._last: int | None = None  # the slot written last (the next snapshot goes to the other)
@@ -269,7 +313,7 @@ class MemoryTier:
                 with torch.cuda.stream(self._stream):
                     snap.view.copy_(device, non_blocking=True)
                 self._stream.synchronize()
-        crc = checksum_of(fmt.byte_view(snap.view)) if snap.total else checksum(b"")
+        crc = checksum_of(fmt.byte_view(snap.view), self._crc_pool) if snap.total else checksum(b"")
         meta_crc = checksum(snap.meta)
         _write_small(slot.path / fmt.META, snap.meta)
         files = {
@@ -343,7 +387,7 @@ class MemoryTier:
         if problems:
             raise CheckpointMismatch(f"memory snapshot step {step} does not fit the state: " + "; ".join(problems[:5]))
         data = _map_snapshot(path / DATA, manifest.stream_bytes)
-        got = checksum_of(memoryview(data)) if data is not None else checksum(b"")
+        got = checksum_of(memoryview(data), self._crc_pool) if data is not None else checksum(b"")
         if got != manifest.files[DATA].crc32:
             if data is not None:
                 data.close()
@@ -382,12 +426,15 @@ class MemoryTier:
             tensors.append(dst)
         if home.type == "cuda":
             torch.cuda.synchronize(home)
-        if len(copied) < len(v.manifest.tensors):
+        detach = len(copied) < len(v.manifest.tensors)
+        if detach:
             self._slots[v.slot].detach()
-            _release_pages(v.data, copied)  # what was copied out is not needed in shared memory
-            self._pins[v.slot] = self._exec.submit(self._slots[v.slot].buffer, v.manifest.stream_bytes)
         st.restore(state, st.unflatten(v.meta["entries"], tensors), list(v.meta["stateful"]))
         self._last = v.slot
+        if detach:
+            _release_pages(v.data, copied)  # what was copied out is not needed in shared memory
+            # The replacement is allocated in the background (the snapshot after next waits for it).
+            self._pins[v.slot] = self._exec.submit(self._slots[v.slot].buffer, v.manifest.stream_bytes)
 
     def forget_newer(self, step: int) -> None:
         """Invalidate snapshots newer than `step` (the job resumed from `step`: they belong to the
@@ -408,6 +455,7 @@ class MemoryTier:
         except Exception:  # noqa: BLE001 - an uncommitted snapshot has no manifest: never offered
             log.warning("memory snapshot commit failed", exc_info=True)
         self._exec.shutdown(wait=True)
+        self._crc_pool.shutdown(wait=True)
         for slot in self._slots:
             slot.close()
 
