@@ -74,6 +74,8 @@ def saves(args: argparse.Namespace, model: Model, ck: Checkpointer) -> dict[str,
         ck.save_memory(state, step)
         blocked.append(time.perf_counter() - t0)
         ck.wait()  # the commit between saves, as the compute of a step would hide it
+        if ck.memory_off:
+            raise SystemExit(f"the memory tier turned itself off: {ck.memory_off} (is /dev/shm large enough?)")
     ck.save(state, args.saves + 1, snapshot=None)  # a disk checkpoint of the same step, for the disk restore
     ck.wait()
     # The first save into each of the two slots allocates and maps it (cold).
@@ -218,6 +220,7 @@ def main() -> None:
     ck.close()
     say(f"save: {result['save']['warm_median_s']} s warm (copy limit {copy_s:.4f} s); restores")
     result["restore"] = restores(args, model, args.saves + 1)
+    memdir.release_job(RUN_ID)  # give the slots back before the efficiency loop takes its own
     if args.efficiency:
         say("efficiency")
         result["efficiency"] = efficiency(args, model, copy_s)

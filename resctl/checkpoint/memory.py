@@ -432,9 +432,13 @@ class MemoryTier:
         st.restore(state, st.unflatten(v.meta["entries"], tensors), list(v.meta["stateful"]))
         self._last = v.slot
         if detach:
-            _release_pages(v.data, copied)  # what was copied out is not needed in shared memory
-            # The replacement is allocated in the background (the snapshot after next waits for it).
-            self._pins[v.slot] = self._exec.submit(self._slots[v.slot].buffer, v.manifest.stream_bytes)
+            # In the background: give back the pages of what was copied out, and allocate the
+            # slot's replacement (the snapshot after next waits for it).
+            self._pins[v.slot] = self._exec.submit(self._refill, v.slot, v.data, copied, v.manifest.stream_bytes)
+
+    def _refill(self, slot: int, data: mmap.mmap | None, copied: list[fmt.TensorSpec], total: int) -> None:
+        _release_pages(data, copied)
+        self._slots[slot].buffer(total)
 
     def forget_newer(self, step: int) -> None:
         """Invalidate snapshots newer than `step` (the job resumed from `step`: they belong to the
