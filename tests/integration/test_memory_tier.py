@@ -49,6 +49,7 @@ def test_sigkill_at_27_resumes_from_memory_within_one_step_and_ends_bitwise_equa
     (recovery,) = analyze(ev).recoveries
     assert recovery.cause == "sigkill" and recovery.resumed_step in (26, 27), recovery
     assert recovery.rollback_steps <= 1, recovery
+    assert recovery.tier == "memory", recovery  # what `resctl report` shows next to the rollback
     # Only the disk checkpoints of steps 20 and 40 were written; the resume did not come from them.
     assert_same_final(tmp_path / "kill.pt", tmp_path / "ref.pt")
     assert list(shm.iterdir()) == [], "memory snapshots left behind after the job ended"
