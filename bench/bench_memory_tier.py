@@ -65,10 +65,27 @@ def checkpointer(args: argparse.Namespace, memory_every: int, events: EventLog |
                         stage=args.stage, writers=args.writers, events=events, exclusive=False)
 
 
+def copy_once(bufs: list[torch.Tensor], tensors: list[torch.Tensor]) -> float:
+    """One copy of `tensors` into preallocated `bufs` (the limit no snapshot can beat)."""
+    on_cuda = any(t.is_cuda for t in tensors)
+    sync("cuda" if on_cuda else "cpu")
+    t0 = time.perf_counter()
+    for b, t in zip(bufs, tensors):
+        b.copy_(t, non_blocking=on_cuda)
+    sync("cuda" if on_cuda else "cpu")
+    return time.perf_counter() - t0
+
+
 def saves(args: argparse.Namespace, model: Model, ck: Checkpointer) -> dict[str, Any]:
+    """Memory saves, each right after one copy-limit measurement (paired: the box is noisy)."""
     state = model.state()
-    blocked = []
+    tensors = model.tensors()
+    on_cuda = any(t.is_cuda for t in tensors)
+    bufs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=on_cuda) for t in tensors]
+    copy_once(bufs, tensors)
+    blocked, limits = [], []
     for step in range(1, args.saves + 2):
+        limits.append(copy_once(bufs, tensors))
         sync(args.device)
         t0 = time.perf_counter()
         ck.save_memory(state, step)
@@ -79,8 +96,10 @@ def saves(args: argparse.Namespace, model: Model, ck: Checkpointer) -> dict[str,
     ck.save(state, args.saves + 1, snapshot=None)  # a disk checkpoint of the same step, for the disk restore
     ck.wait()
     # The first save into each of the two slots allocates and maps it (cold).
+    del bufs
     return {"cold_s": [round(b, 4) for b in blocked[:2]], "warm_s": [round(b, 4) for b in blocked[2:]],
-            "warm_median_s": round(med(blocked[2:]), 4)}
+            "warm_median_s": round(med(blocked[2:]), 4), "paired_limit_s": [round(x, 4) for x in limits[2:]],
+            "paired_ratio_median": round(med(b / x for b, x in zip(blocked[2:], limits[2:])), 3)}
 
 
 CHILD = r"""
