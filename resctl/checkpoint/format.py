@@ -388,8 +388,9 @@ def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def write_manifest(path: str | os.PathLike[str], manifest: Manifest) -> None:
-    """Write and fsync a manifest (the caller makes it visible by renaming its directory)."""
+def write_manifest(path: str | os.PathLike[str], manifest: Manifest, durable: bool = True) -> None:
+    """Write and fsync a manifest (the caller makes it visible by renaming its directory).
+    `durable=False`: no fsync (the memory tier: its files live in tmpfs and die with the node)."""
     body = manifest.to_body()
     data = json.dumps({"crc32": zlib.crc32(_canonical(body)), "body": body}, sort_keys=True).encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -397,7 +398,8 @@ def write_manifest(path: str | os.PathLike[str], manifest: Manifest) -> None:
         done = 0
         while done < len(data):
             done += os.write(fd, data[done:])
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
 

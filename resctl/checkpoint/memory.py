@@ -325,7 +325,7 @@ class MemoryTier:
             stream_bytes=snap.total, tensors=tuple(snap.specs), checksum=CHECKSUM,
         )
         tmp = slot.path / f".{fmt.MANIFEST}.tmp"
-        fmt.write_manifest(tmp, manifest)
+        fmt.write_manifest(tmp, manifest, durable=False)
         os.rename(tmp, slot.path / fmt.MANIFEST)  # the commit point
         self.events.emit("ckpt_mem", step=snap.step, seconds=round(blocked, 6), waited=round(waited, 6),
                          commit=round(time.monotonic() - staged_at, 6), bytes=snap.total)

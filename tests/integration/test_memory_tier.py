@@ -8,7 +8,10 @@ tier, and leave nothing behind in the shared-memory root.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -36,8 +39,17 @@ def run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
     return out
 
 
-def test_sigkill_at_27_resumes_from_memory_within_one_step_and_ends_bitwise_equal(tmp_path: Path) -> None:
-    shm = tmp_path / "shm"
+@pytest.fixture
+def shm(tmp_path: Path) -> Iterator[Path]:
+    """A fresh shared-memory root on tmpfs (/dev/shm, as in production) when there is one."""
+    base = Path("/dev/shm")
+    root = Path(tempfile.mkdtemp(prefix="resctl-test-", dir=base)) if base.is_dir() else tmp_path / "shm"
+    root.mkdir(exist_ok=True)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_sigkill_at_27_resumes_from_memory_within_one_step_and_ends_bitwise_equal(tmp_path: Path, shm: Path) -> None:
     env = {"RESCTL_SHM_DIR": str(shm)}
     run(memory_job(tmp_path, "ref", 0), cwd=tmp_path, env=env)
     run(memory_job(tmp_path, "kill", 1), cwd=tmp_path, env={**env, "RESCTL_FAULTS": "sigkill@27:1"})
@@ -53,3 +65,15 @@ def test_sigkill_at_27_resumes_from_memory_within_one_step_and_ends_bitwise_equa
     # Only the disk checkpoints of steps 20 and 40 were written; the resume did not come from them.
     assert_same_final(tmp_path / "kill.pt", tmp_path / "ref.pt")
     assert list(shm.iterdir()) == [], "memory snapshots left behind after the job ended"
+
+
+def test_resctl_run_removes_the_memory_of_a_job_that_failed(tmp_path: Path, shm: Path) -> None:
+    """No worker ends cleanly here (the SIGKILLed rank takes the job down: no restarts allowed),
+    so only `resctl run`'s backstop can release the snapshots both ranks took."""
+    args = memory_job(tmp_path, "fail", 1)
+    args[args.index("launch.max_restarts=3")] = "launch.max_restarts=0"
+    code, out = finish(start(args, cwd=tmp_path, env={"RESCTL_SHM_DIR": str(shm), "RESCTL_FAULTS": "sigkill@8:1"}),
+                       timeout=150)
+    assert code != 0, out[-3000:]
+    assert any(e["kind"] == "ckpt_mem" for e in events(tmp_path / "fail")), "no snapshot was taken"
+    assert list(shm.iterdir()) == [], "memory snapshots of a failed job left behind"
