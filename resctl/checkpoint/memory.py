@@ -486,12 +486,14 @@ def _map_shared(fd: int, size: int) -> mmap.mmap:
 
 
 def _map_snapshot(path: Path, size: int) -> mmap.mmap | None:
-    """A slot's data file mapped writable (a zero-copy restore hands its pages to the state)."""
+    """A slot's data file mapped writable (a zero-copy restore hands its pages to the state).
+    Not populated: the parallel checksum threads fault the pages in, each its own part (measured
+    here: 0.11-0.16 s for 1 GiB against 0.17-0.19 s populating first)."""
     if size == 0:
         return None
     fd = os.open(path, os.O_RDWR)
     try:
-        return _map_shared(fd, size)
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
 
