@@ -15,7 +15,7 @@ Use it from a training script (the resctl shim configures it from the profile's
 Functions (all act on the module's default `Checkpointer`):
 
 - `configure(*, dir, interval_steps=100, async_=True, keep_last=2, writers=4, rank=None,
-  world_size=None, events=None, heartbeat=None, max_failed_saves=3) -> Checkpointer`
+  world_size=None, events=None, heartbeat=None, max_failed_saves=3, memory_every=0) -> Checkpointer`
 - `load(state) -> int`, `save(state, step)`, `maybe_save(state, step) -> bool`,
   `save_final() -> int | None`, `wait()`, `get() -> Checkpointer`.
 
@@ -78,6 +78,7 @@ def configure(
     events: "EventLog | None" = None,
     heartbeat: Callable[[], None] | None = None,
     max_failed_saves: int = 3,
+    memory_every: int = 0,
 ) -> "Checkpointer":
     """Set (and return) the default Checkpointer; a previous one finishes its writes first."""
     from resctl.checkpoint.engine import Checkpointer
@@ -95,6 +96,7 @@ def configure(
         events=events,
         heartbeat=heartbeat,
         max_failed_saves=max_failed_saves,
+        memory_every=memory_every,
     )
     return set_default(new)
 

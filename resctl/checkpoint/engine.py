@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING, Any, Callable, MutableMapping
 import torch
 
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint import reader, sharded
+from resctl.checkpoint import memdir, reader, sharded
 from resctl.checkpoint import state as st
 from resctl.checkpoint.errors import CheckpointError, CheckpointMismatch, SaveFailuresExceeded
 from resctl.checkpoint.owner import Ownership
 from resctl.telemetry.events import NULL_LOG, EventLog
 
 if TYPE_CHECKING:
+    from resctl.checkpoint.memory import MemoryTier, Snapshot
     from resctl.profile.schema import Checkpoint as CheckpointSection
 
 log = logging.getLogger("resctl.checkpoint")
@@ -93,6 +94,10 @@ class Checkpointer:
             reported (`ckpt_other_run`); default: env TORCHELASTIC_RUN_ID.
         exclusive: rank 0 holds an flock on `<dir>/.resctl-owner` from its first load or save, and
             another live process owning the directory raises `CheckpointDirInUse`.
+        memory_every: also snapshot the state every this many steps into host shared memory that
+            outlives the process (`resctl.checkpoint.memory`; 0: off). `load` then restores the
+            newest snapshot every rank holds when it is at least as new as the newest disk
+            checkpoint, and a disk save of the same step is written from the snapshot.
     """
 
     def __init__(
@@ -112,9 +117,18 @@ class Checkpointer:
         max_failed_saves: int = 3,
         run_id: str | None = None,
         exclusive: bool = True,
+        memory_every: int = 0,
     ) -> None:
         if interval_steps < 1 or keep_last < 1 or writers < 1 or max_failed_saves < 1:
             raise ValueError("interval_steps, keep_last, writers and max_failed_saves must be >= 1")
+        if memory_every < 0:
+            raise ValueError("memory_every must be >= 0 (0: no memory tier)")
+        self.memory_every = memory_every
+        if memory_every:
+            import resctl.checkpoint.memory  # noqa: F401 - imported now, not inside a restart's load
+        self._memory: MemoryTier | None = None
+        #: Why this process stopped taking memory snapshots (a failed one), or None.
+        self.memory_off: str | None = None
         if stage not in ("host", "device"):
             raise ValueError(f"stage must be 'host' or 'device', not {stage!r}")
         self.stage = stage
@@ -178,6 +192,7 @@ class Checkpointer:
             stage=section.stage,
             recycle=section.recycle,
             max_failed_saves=section.max_failed_saves,
+            memory_every=section.memory_every,
         )
         args.update(kw)
         return cls(**args)
@@ -218,13 +233,14 @@ class Checkpointer:
 
     # --- saving --------------------------------------------------------------------------------
 
-    def save(self, state: MutableMapping[str, Any], step: int) -> None:
+    def save(self, state: MutableMapping[str, Any], step: int, snapshot: "Snapshot | None" = None) -> None:
         """Save `state` as checkpoint `step`.
 
         Waits for the previous save first (the wait is reported as `waited` in `ckpt_stall`),
         and reports it if that save failed (`record_failure`: raises `SaveFailuresExceeded` only at
         `max_failed_saves` failures in a row). With async on, returns once the state is staged;
-        otherwise once it is durable (or failed).
+        otherwise once it is durable (or failed). `snapshot`: a memory snapshot of this state at
+        this step, written to disk as it is (no second copy out of the state).
         """
         t0 = time.monotonic()
         self.beat(force=True)
@@ -235,7 +251,7 @@ class Checkpointer:
         if any(st.is_sharded(t) for t in st.find_tensors(entries)):
             self._save_sharded(entries, stateful, step)
         elif self.rank == 0:
-            self._save_plain(entries, stateful, step)
+            self._save_plain(entries, stateful, step, snapshot if snapshot is not None and snapshot.step == step else None)
         # Other ranks of replicated state write nothing: rank 0's copy is everyone's.
         blocked = time.monotonic() - t0
         self.events.emit("ckpt_stall", step=step, seconds=round(blocked, 6), waited=round(waited, 6))
@@ -262,6 +278,9 @@ class Checkpointer:
         whatever the interval, and sets `final_done`.
         """
         self._latest = (state, step)
+        snap = None
+        if self.memory_every and step % self.memory_every == 0 and not self._final_requested:
+            snap = self.save_memory(state, step)
         if self._final_requested:
             self._final_requested = False
             try:
@@ -275,9 +294,59 @@ class Checkpointer:
                 self.final_done.set()
             return True
         if step % self.interval_steps == 0:
-            self.save(state, step)
+            self.save(state, step, snapshot=snap)
             return True
         return False
+
+    # --- the memory tier -----------------------------------------------------------------------
+
+    def memory_tier(self) -> "MemoryTier | None":
+        """This rank's memory tier (created on first use), or None when off or turned off."""
+        if not self.memory_every or self.memory_off is not None:
+            return None
+        tier = self._memory
+        if tier is not None and tier.rank != self.rank:  # an in-process restart renumbered the ranks
+            tier.close()
+            tier = self._memory = None
+        if tier is None:
+            from resctl.checkpoint.memory import MemoryTier
+
+            tier = self._memory = MemoryTier(memdir.job_key(self.run_id, self.dir), self.rank, run_id=self.run_id,
+                                             events=self.events)
+        return tier
+
+    def save_memory(self, state: MutableMapping[str, Any], step: int) -> "Snapshot | None":
+        """Snapshot `state` into the memory tier (blocks for the copy only); None if it could not."""
+        tier = self.memory_tier()
+        if tier is None:
+            return None
+        entries, stateful = st.snapshot_entries(state)
+        tensors: list[torch.Tensor] = []
+        try:
+            structure = st.flatten(entries, tensors, {})  # a sharded state raises: not supported here
+            meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
+            snap, _ = tier.save(tensors, meta, step, self._stage, on_device=self.stage == "device")
+        except Exception as err:  # noqa: BLE001 - the disk tier goes on; the memory tier stops
+            self._memory_off(err)
+            return None
+        return snap
+
+    def _memory_off(self, err: BaseException) -> None:
+        log.warning("memory-tier snapshots turned off in this process (%s: %s); disk checkpoints go on",
+                    type(err).__name__, err)
+        self.events.emit("ckpt_mem_off", error=f"{type(err).__name__}: {err}")
+        if self._memory is not None:
+            self._memory.close()
+            self._memory = None
+        self.memory_off = f"{type(err).__name__}: {err}"
+
+    def release_memory(self) -> None:
+        """Remove this rank's memory snapshots (the script finished cleanly: nothing will restore them)."""
+        if self._memory is not None:
+            self._memory.release()
+            self._memory = None
+        elif self.memory_every:
+            memdir.release_rank(memdir.job_key(self.run_id, self.dir), self.rank)
 
     def save_final(self) -> int | None:
         """Finish the in-flight write, then save the state last given to `maybe_save` synchronously
@@ -330,6 +399,14 @@ class Checkpointer:
             self.wait_previous()
         finally:
             self._wait_prune()
+            self._wait_memory()
+
+    def _wait_memory(self) -> None:
+        if self._memory is not None:
+            try:
+                self._memory.wait()
+            except Exception as err:  # noqa: BLE001 - an uncommitted snapshot is never offered
+                self._memory_off(err)
 
     def _wait_prune(self) -> None:
         fut, self._prune_fut = self._prune_fut, None
@@ -370,6 +447,8 @@ class Checkpointer:
                 waiting, self._recycled = self._recycled, None
             if waiting is not None:  # nobody will overwrite it now: give the space back
                 shutil.rmtree(waiting, ignore_errors=True)
+            if self._memory is not None:
+                self._memory.close()
             self._owner.release()
 
     def wait_previous(self) -> float:
@@ -463,19 +542,20 @@ class Checkpointer:
             self._dev_arena = arena
         return arena
 
-    def _stage(self, tensors: list[torch.Tensor], total: int) -> torch.Tensor:
+    def _stage(self, tensors: list[torch.Tensor], total: int, into: torch.Tensor | None = None) -> torch.Tensor:
         """Copy `tensors` into an arena at their stream offsets; return the arena's first `total` bytes.
 
         The arena is pinned host memory (a CPU tensor), or with stage="device" and CUDA tensors a
-        device buffer (a CUDA tensor) that the background job copies to host before writing."""
+        device buffer (a CUDA tensor) that the background job copies to host before writing.
+        `into`: stage into this CPU buffer instead (a memory-tier slot)."""
         on_cuda = any(t.device.type == "cuda" for t in tensors)
-        arena: torch.Tensor | None = None
-        if on_cuda and self.stage == "device":
+        arena: torch.Tensor | None = into
+        if arena is None and on_cuda and self.stage == "device":
             device = next(t.device for t in tensors if t.device.type == "cuda")
             arena = self._device_arena(device, total)
         if arena is None:
             arena = self._host_arena(total, pinned=on_cuda)
-        non_blocking = on_cuda and not arena.is_cuda
+        non_blocking = on_cuda and not arena.is_cuda and arena.is_pinned()
         specs, _ = fmt.plan_stream(tensors)
         for t, spec in zip(tensors, specs):
             if spec.nbytes == 0:
@@ -508,20 +588,29 @@ class Checkpointer:
             stream.synchronize()
         return host
 
-    def _save_plain(self, entries: dict[str, Any], stateful: list[str], step: int) -> None:
-        tensors: list[torch.Tensor] = []
-        structure = st.flatten(entries, tensors, {})
-        meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
-        specs, total = fmt.plan_stream(tensors)
-        staged = self._stage(tensors, total)
+    def _save_plain(self, entries: dict[str, Any], stateful: list[str], step: int,
+                    snapshot: "Snapshot | None" = None) -> None:
+        if snapshot is not None:  # written from the memory snapshot: no second copy out of the state
+            specs, total, meta, staged = snapshot.specs, snapshot.total, snapshot.meta, snapshot.view
+        else:
+            self._wait_memory()  # a memory commit may still be copying out of the device arena
+            tensors: list[torch.Tensor] = []
+            structure = st.flatten(entries, tensors, {})
+            meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
+            specs, total = fmt.plan_stream(tensors)
+            staged = self._stage(tensors, total)
         staged_at = time.monotonic()
         final = self.dir / fmt.step_dir_name(step)
         fail = self.take_injected_failure()
 
         def job() -> None:
+            if snapshot is not None and snapshot.ready is not None:
+                snapshot.ready.result()  # device staging: the bytes reach the slot in the memory tier's commit
             self._persist_plain(staged, specs, total, meta, step, staged_at, fail)
 
         self.submit(job, step, final)
+        if snapshot is not None and self._memory is not None and self._inflight is not None:
+            self._memory.pin(snapshot.slot, self._inflight)  # the slot is not overwritten while it is read
 
     def tick(self) -> None:
         """Heartbeat from a writer or reader thread (rate-limited)."""
@@ -665,6 +754,10 @@ class Checkpointer:
         intact one that does not fit the state raises `CheckpointMismatch`. With torch.distributed
         initialised every rank verifies each candidate and all take the newest step that every
         rank could read (an all-reduce(MIN) of each rank's verdict).
+
+        With the memory tier on, the newest memory snapshot that every rank holds and verifies is
+        restored instead when it is at least as new as the newest disk checkpoint (`_load_memory`).
+        Either way snapshots newer than the step resumed are invalidated (an abandoned timeline).
         """
         try:
             self.wait()
@@ -677,6 +770,55 @@ class Checkpointer:
             # Everyone walks rank 0's list, so all ranks test the same steps in the same order.
             steps = _broadcast_steps([s for s, _ in candidates])
             candidates = [(s, self.dir / fmt.step_dir_name(s)) for s in steps]
+        t0 = time.monotonic()
+        if self.memory_every:
+            step = self._load_memory(state, candidates[0][0] if candidates else 0, distributed)
+            if step:
+                return step
+        step = self._load_disk(state, candidates, distributed)
+        tier = self.memory_tier()
+        if tier is not None:
+            tier.forget_newer(step)
+        if step:
+            self.events.emit("ckpt_load", step=step, tier="disk", seconds=round(time.monotonic() - t0, 6))
+        return step
+
+    def _load_memory(self, state: MutableMapping[str, Any], newest_disk: int, distributed: bool) -> int:
+        """Restore the newest memory snapshot every rank holds and verifies, if it is at least as
+        new as `newest_disk`; return its step (0: none, load from disk). Collective when distributed."""
+        tier = self.memory_tier()
+        t0 = time.monotonic()
+        # A rank whose tier is off still takes part in the collectives (with no snapshots).
+        local = tier.steps(self.world_size) if tier is not None else {}
+        steps = _common_steps(sorted(local, reverse=True)) if distributed else sorted(local, reverse=True)
+        for step in steps:
+            if step < newest_disk:
+                break
+            verified, problem = None, None
+            try:
+                assert tier is not None  # a rank without a tier has no steps, so none are common
+                verified = tier.verify(step, local[step], state)
+            except Exception as err:  # noqa: BLE001 - any failure means: not this snapshot
+                problem = err
+            verdict = _OK if verified is not None else _SKIP
+            if distributed:
+                verdict = _min_over_ranks(verdict)
+            if verdict != _OK:
+                reason = f"{type(problem).__name__}: {problem}" if problem else "another rank could not verify it"
+                log.warning("skipping memory snapshot step %d: %s", step, reason)
+                self.events.emit("ckpt_skip", step=step, reason=f"memory tier: {reason}", quarantined=None)
+                if verified is not None and verified.data is not None:
+                    verified.data.close()
+                continue
+            assert verified is not None and tier is not None
+            tier.restore(verified, state)
+            tier.forget_newer(step)
+            self.events.emit("ckpt_load", step=step, tier="memory", seconds=round(time.monotonic() - t0, 6),
+                             bytes=verified.manifest.stream_bytes)
+            return step
+        return 0
+
+    def _load_disk(self, state: MutableMapping[str, Any], candidates: list[tuple[int, Path]], distributed: bool) -> int:
         for step, path in candidates:
             verified, verdict, problem = self._verify(path, step, state)
             if distributed:
@@ -766,6 +908,20 @@ def _broadcast_steps(steps: list[int]) -> list[int]:
     if buf.numel():
         torch.distributed.broadcast(buf, src=0)
     return [int(s) for s in buf.tolist()]
+
+
+def _common_steps(local: list[int]) -> list[int]:
+    """The steps every rank has, newest first (each rank gives at most `memdir.SLOTS`)."""
+    dev = _collective_device()
+    mine = torch.full((memdir.SLOTS,), -1, dtype=torch.int64, device=dev)
+    for i, s in enumerate(local[: memdir.SLOTS]):
+        mine[i] = s
+    every = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(every, mine)
+    common = set(local)
+    for other in every:
+        common &= {int(s) for s in other.tolist() if s >= 0}
+    return sorted(common, reverse=True)
 
 
 def _min_over_ranks(value: int) -> int:

@@ -58,6 +58,8 @@ def read(
     verify_dcp: Callable[[Path, fmt.Manifest], None] | None = None,
 ) -> Verified:
     manifest = fmt.read_manifest(path / fmt.MANIFEST)
+    if manifest.checksum != "crc32":
+        raise fmt.CorruptCheckpoint(f"a {manifest.checksum} manifest: memory-tier snapshots are not disk checkpoints")
     if manifest.step != dir_step:
         raise fmt.CorruptCheckpoint(f"directory says step {dir_step}, its manifest says step {manifest.step}")
     current, _ = st.snapshot_entries(state)
@@ -69,11 +71,11 @@ def read(
             f"({'has' if sharded_state else 'has no'} sharded tensors); point checkpoint.dir at a new directory "
             "or load it with the state layout that wrote it"
         )
-    _check_sizes(path, manifest)
+    check_sizes(path, manifest)
     meta_bytes = (path / fmt.META).read_bytes()
     if zlib.crc32(meta_bytes) != manifest.files[fmt.META].crc32:
         raise fmt.CorruptCheckpoint(f"{fmt.META}: checksum mismatch")
-    meta = _decode_meta(meta_bytes, manifest)
+    meta = decode_meta(meta_bytes, manifest)
     if manifest.kind == "dcp":
         if verify_dcp is not None:
             verify_dcp(path, manifest)
@@ -90,7 +92,7 @@ def read(
     return Verified(path, manifest, meta, st.unflatten(meta["entries"], tensors))
 
 
-def _check_sizes(path: Path, manifest: fmt.Manifest) -> None:
+def check_sizes(path: Path, manifest: fmt.Manifest) -> None:
     for name, entry in manifest.files.items():
         try:
             size = (path / name).stat().st_size
@@ -100,7 +102,7 @@ def _check_sizes(path: Path, manifest: fmt.Manifest) -> None:
             raise fmt.CorruptCheckpoint(f"{name}: {size} bytes, manifest says {entry.bytes}")
 
 
-def _decode_meta(data: bytes, manifest: fmt.Manifest) -> dict[str, Any]:
+def decode_meta(data: bytes, manifest: fmt.Manifest) -> dict[str, Any]:
     try:
         meta = st.decode_meta(data)
     except Exception as err:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, ...

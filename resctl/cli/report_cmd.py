@@ -114,7 +114,7 @@ def _render(a: Any) -> None:
             per.add_row(f"{rec.t_fault:.1f}", f"{rec.layer}: {rec.cause}{who}" + ("*" if rec.injected else ""),
                         _num(rec.detection), _num(rec.restart), _num(rec.load), _num(rec.first_step),
                         _num(rec.total) if rec.total is not None else "none",
-                        f"{rec.last_step}->{rec.resumed_step}")
+                        f"{rec.last_step}->{rec.resumed_step}" + (f" ({rec.tier})" if rec.tier else ""))
         out_console.print(per)
         if any(rec.injected for rec in a.recoveries):
             out_console.print("* injected by a fault drill")

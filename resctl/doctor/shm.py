@@ -4,11 +4,15 @@ workers and NVRx's IPC all live there, and running out shows up as a bus error m
 Verdicts:
   size   FAIL /dev/shm missing or smaller than doctor.min_shm_gb.
   free   WARN less free than doctor.min_shm_gb (something already fills it).
+  memory_tier  (only with checkpoint.memory_every > 0) FAIL /dev/shm smaller than the memory tier
+         needs: 3x doctor.checkpoint_size_gb (two snapshot slots per rank, and after a restore the
+         restored state living in shared pages until the slot's replacement is written); WARN less
+         free than that, or no doctor.checkpoint_size_gb to check against.
 """
 
 from __future__ import annotations
 
-from resctl.doctor.context import Context
+from resctl.doctor.context import Context, Space
 from resctl.doctor.result import Check, Status, gb
 
 FIX = ('mount a bigger /dev/shm: Kubernetes `emptyDir: {medium: Memory, sizeLimit: 64Gi}` at /dev/shm, '
@@ -30,4 +34,29 @@ def run(ctx: Context) -> list[Check]:
                             "remove stale files from /dev/shm (leftovers of killed workers)"))
     else:
         checks.append(Check("free", Status.PASS, f"{free} GB free", free, want, "GB"))
+    if ctx.profile.checkpoint.memory_every:
+        checks.append(memory_tier(ctx, space))
     return checks
+
+
+#: Multiples of the per-node state the memory tier holds in /dev/shm at most (see the docstring).
+TIER_FACTOR = 3
+
+
+def memory_tier(ctx: Context, space: Space) -> Check:
+    size = ctx.expect.checkpoint_size_gb
+    if not size:
+        return Check("memory_tier", Status.WARN, "checkpoint.memory_every is on but the state size is unknown", None,
+                     None, "GB", "set doctor.checkpoint_size_gb (the per-node state) to check /dev/shm against it")
+    need = TIER_FACTOR * size
+    total, free = space.total / 1e9, space.free / 1e9
+    fix = (f"the memory tier needs {need:g} GB of /dev/shm ({TIER_FACTOR}x the {size:g} GB state): {FIX}, or raise "
+           "checkpoint.memory_every to 0")
+    if total < need:
+        return Check("memory_tier", Status.FAIL, f"/dev/shm is {gb(space.total)} GB, the memory tier needs {need:g} GB",
+                     gb(space.total), need, "GB", fix)
+    if free < need:
+        return Check("memory_tier", Status.WARN, f"{gb(space.free)} GB free in /dev/shm, the memory tier needs {need:g} GB",
+                     gb(space.free), need, "GB", "remove stale files from /dev/shm (e.g. resctl-* of ended jobs)")
+    return Check("memory_tier", Status.PASS, f"{gb(space.free)} GB free for the memory tier's {need:g} GB",
+                 gb(space.free), need, "GB")

@@ -160,6 +160,9 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     code = exit_code(launcher_code, received)
+    from resctl.checkpoint import memdir
+
+    memdir.release_job(launch_plan.run_id)  # backstop: memory-tier snapshots this node's workers left
     fatal = stop.read_fatal(launch_plan.run_dir) if code != 0 else None
     if fatal is not None:
         on_event(f"resctl: rank {fatal.get('rank')} stopped the job (no restart can cure it): {fatal.get('error')}")

@@ -353,6 +353,11 @@ class Checkpoint(Section):
     dir: Path_ = Field("checkpoints", description="Checkpoint directory (shared storage, e.g. FSx for Lustre, on a cluster).")
     interval_steps: int = Field(100, ge=1, description="maybe_save() saves every this many optimizer steps.")
     async_: bool = Field(True, alias="async", description="Return once the state is staged; write in the background.")
+    memory_every: int = Field(
+        0, ge=0, description="Also snapshot the state every this many steps into host shared memory (/dev/shm) that "
+        "outlives a killed worker; a restart restores from it when it is newer than the disk (0: off). Needs 2x the "
+        "state per rank in /dev/shm.",
+    )
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are pruned after a newer one lands.")
     writers: int = Field(4, ge=1, le=64, description="Parallel writer threads per rank.")
     stage: Literal["host", "device"] = Field(

@@ -269,6 +269,8 @@ class Shim:
     def finish(self, status: str) -> None:
         self.events.emit("end", status=status, step=self.step)
         self.heartbeats.close()
+        if status == "ok" and self.checkpointer is not None:
+            self.checkpointer.release_memory()  # a clean end: no restart will restore this rank's snapshots
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:

@@ -107,6 +107,23 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("run_id", "str", "", "the run that wrote it", optional=True),
         Field("path", "str", "", "the checkpoint directory"),
     ), "resctl.checkpoint.engine"),
+    Kind("ckpt_mem", "a memory-tier snapshot was committed (complete in host shared memory)", (
+        Field("step", "int", "step", "training step the snapshot holds"),
+        Field("seconds", "float", "s", "time the training loop was blocked (the copy, and `waited`)"),
+        Field("waited", "float", "s", "part of `seconds` spent waiting for the previous commit or a disk write "
+              "from the slot", optional=True),
+        Field("commit", "float", "s", "copied to committed (checksum, manifest) in the background", optional=True),
+        Field("bytes", "int", "B", "bytes of the snapshot", optional=True),
+    ), "resctl.checkpoint.memory"),
+    Kind("ckpt_mem_off", "the memory tier failed and this process stopped taking memory snapshots", (
+        Field("error", "str", "", "the error (e.g. /dev/shm full)"),
+    ), "resctl.checkpoint.engine"),
+    Kind("ckpt_load", "load restored a checkpoint, from one tier", (
+        Field("step", "int", "step", "the restored step"),
+        Field("tier", "str", "", "memory (this node's shared memory) or disk"),
+        Field("seconds", "float", "s", "time from choosing the tier to the state restored"),
+        Field("bytes", "int", "B", "bytes restored (memory tier)", optional=True),
+    ), "resctl.checkpoint.engine"),
     Kind("snapshot", "the script's own torch.save to a file returned (zero-edit snapshot)", (
         Field("step", "int", "step", "optimizer steps made when torch.save was called", optional=True),
         Field("path", "str", "", "absolute path torch.save was given"),

@@ -92,6 +92,7 @@ class Recovery:
     resumed_step: int
     rollback_steps: int
     injected: bool
+    tier: str | None = None  # where the resumed state came from: memory, disk (ckpt_load), None: unknown
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,7 @@ class _Epoch:
         self.restart_max: float | None = None
         self.resume_max_t: float | None = None
         self.resume_min_step: int | None = None
+        self.load_tiers: set[str] = set()
         self.max_step: int | None = None
         self.min_step: int | None = None
         self.last_step_t: float | None = None
@@ -393,6 +395,8 @@ class Analyzer:
         elif kind == "restart":
             ep.restart_min = t if ep.restart_min is None else min(ep.restart_min, t)
             ep.restart_max = t if ep.restart_max is None else max(ep.restart_max, t)
+        elif kind == "ckpt_load":
+            ep.load_tiers.add(e["tier"])
         elif kind == "resume":
             ep.resume_max_t = t if ep.resume_max_t is None else max(ep.resume_max_t, t)
             ep.resume_min_step = e["step"] if ep.resume_min_step is None else min(ep.resume_min_step, e["step"])
@@ -735,7 +739,7 @@ def _recovery(old: _Epoch, new: _Epoch, t0: float) -> Recovery:
         first_step=None if t_first is None else max(0.0, t_first - t_loaded),
         total=None if t_first is None else t_first - t_fault,
         last_step=last_step, resumed_step=resumed, rollback_steps=max(0, last_step - resumed),
-        injected=injected,
+        injected=injected, tier="+".join(sorted(new.load_tiers)) or None,
     )
 
 

@@ -152,7 +152,11 @@ class RunCollector:
             for rec in r.recoveries:
                 counts[(rec.layer, rec.cause)] = counts.get((rec.layer, rec.cause), 0) + 1
             totals = [rec.total for rec in r.recoveries if rec.total is not None]
-            values.update(restarts=counts, recovery=totals[-1] if totals else None,
+            tiers: dict[str, int] = {}
+            for rec in r.recoveries:
+                tiers[rec.tier or "none"] = tiers.get(rec.tier or "none", 0) + 1
+            values.update(restarts=counts, recovery=totals[-1] if totals else None, tiers=tiers,
+                          rollback=r.recoveries[-1].rollback_steps if r.recoveries else None,
                           training=r.training_goodput, infrastructure=r.infrastructure_goodput)
         return values
 
@@ -199,6 +203,13 @@ class RunCollector:
         for (layer, cause), n in sorted(v["restarts"].items()):
             restarts.add_metric([layer, cause], n)
         yield restarts
+        by_tier = CounterMetricFamily("resctl_recoveries_by_tier", "Recoveries by where the resumed state came from "
+                                      "(memory, disk, none).", labels=["tier"])
+        for tier, n in sorted(v["tiers"].items()):
+            by_tier.add_metric([tier], n)
+        yield by_tier
+        if v["rollback"] is not None:
+            yield GaugeMetricFamily("resctl_rollback_steps", "Steps the last recovery rolled back.", value=v["rollback"])
         if v["recovery"] is not None:
             yield GaugeMetricFamily("resctl_recovery_seconds", "Fault to first step of the last recovery.", value=v["recovery"])
         yield GaugeMetricFamily("resctl_training_goodput_ratio", "Time producing kept steps over wall time.",

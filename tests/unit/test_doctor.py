@@ -346,3 +346,18 @@ def test_snapshot_round_trip(tmp_path: Path) -> None:
     assert again.gpus()[0].nvlinks[0] == NvLink(0, True, 0, 0, 0)
     with pytest.raises(NvmlUnavailable):
         SnapshotNvml(tmp_path / "missing.json")
+
+
+def test_shm_against_the_memory_tier(tmp_path: Path) -> None:
+    root = node("p5-healthy", tmp_path)
+    plain = doctor(root, tmp_path, only=["shm"])
+    assert "shm.memory_tier" not in verdicts(plain)  # memory_every = 0: nothing to check
+    unknown = doctor(root, tmp_path, "checkpoint.memory_every=1", "doctor.checkpoint_size_gb=0", only=["shm"])
+    assert check(unknown, "shm.memory_tier").status == Status.WARN
+    assert "doctor.checkpoint_size_gb" in check(unknown, "shm.memory_tier").fix
+    size_gb = check(plain, "shm.size").measured
+    fits = doctor(root, tmp_path, "checkpoint.memory_every=1", f"doctor.checkpoint_size_gb={size_gb / 4}", only=["shm"])
+    assert check(fits, "shm.memory_tier").status == Status.PASS
+    big = doctor(root, tmp_path, "checkpoint.memory_every=1", f"doctor.checkpoint_size_gb={size_gb / 2}", only=["shm"])
+    bad = check(big, "shm.memory_tier")
+    assert bad.status == Status.FAIL and "memory_every" in bad.fix

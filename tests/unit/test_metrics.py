@@ -31,6 +31,8 @@ def write_run(run_dir: Path) -> None:
                 fh.write(json.dumps({"rank": rank, "cycle": 0, "iteration": 0, **r}) + "\n")
             clock += 3.0
             fh.write(json.dumps({"t": clock, "kind": "start", "rank": rank, "cycle": 1, "iteration": 0}) + "\n")
+            fh.write(json.dumps({"t": clock + 0.15, "kind": "ckpt_load", "rank": rank, "cycle": 1, "iteration": 0,
+                                 "step": 10, "tier": "disk", "seconds": 0.1}) + "\n")
             fh.write(json.dumps({"t": clock + 0.2, "kind": "resume", "rank": rank, "cycle": 1, "iteration": 0,
                                  "step": 10}) + "\n")
             for step in range(11, 17):
@@ -69,6 +71,8 @@ def test_scraped_values_match_the_events(tmp_path: Path) -> None:
     assert got["resctl_step_seconds"] == 1.0
     assert got["resctl_checkpoint_persist_seconds"] == 0.5 and got["resctl_checkpoint_bytes"] == 4096
     assert got['resctl_restarts_total{cause="sigkill",layer="launcher"}'] == 1
+    assert got['resctl_recoveries_by_tier_total{tier="disk"}'] == 1
+    assert got["resctl_rollback_steps"] == 2
     assert 0 < got["resctl_training_goodput_ratio"] < 1
     assert 0 < got["resctl_infrastructure_goodput_ratio"] <= 1
     assert got["resctl_recovery_seconds"] > 0

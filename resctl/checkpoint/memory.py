@@ -1,0 +1,546 @@
+"""The memory tier: snapshots of the state in host shared memory that outlive the worker process.
+
+`checkpoint.memory_every = N` makes `maybe_save` snapshot the state every N steps into
+`/dev/shm/resctl-<job>/rank-<R>/` (see `memdir` for the layout and who removes it). A killed or
+restarted worker finds the snapshot there and restores it at memory speed; the disk checkpoints
+every `interval_steps` stay the fallback (and are written *from* a memory snapshot: the state is
+copied out of the device once).
+
+**Double buffering.** Each rank has two slots, each a checkpoint directory in the disk format
+(`data-0.bin` holding the stream, `meta.pt`, `manifest.json`). A snapshot goes into the slot that
+does *not* hold the newest complete one: its manifest is removed first, the stream is copied into
+the (preallocated, mapped) data file, and in the background the data is checksummed and
+`meta.pt` and the manifest are written, the manifest by an atomic rename. A slot is complete
+exactly when its manifest exists, so a kill at any moment leaves the previous snapshot complete
+and the one being written without a manifest: a torn snapshot is never offered.
+
+**Verification.** A load checks the manifest (its own checksum, kind, layout), the sizes,
+`meta.pt`'s checksum and weights_only decoding, the fit to the state and the checksum of every
+data byte before the state changes (`verify`), like a disk checkpoint. The memory tier's checksum
+is CRC32C (hardware-accelerated, ~13 GB/s on one core here) when the `crc32c` module is present,
+else zlib's CRC32; the manifest names which.
+
+**Restore.** `restore` copies the verified stream straight into the state's existing tensors where
+shape and dtype match (a module's parameters: warm memory, no allocation), and into new tensors
+otherwise (e.g. an optimizer's state after a restart), then hands them to `load_state_dict`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import mmap
+import os
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, MutableMapping
+
+import torch
+
+from resctl.checkpoint import format as fmt
+from resctl.checkpoint import memdir, reader
+from resctl.checkpoint import state as st
+from resctl.checkpoint.errors import CheckpointMismatch
+from resctl.telemetry.events import NULL_LOG, EventLog
+
+try:  # hardware CRC32C: verification at memory speed
+    import crc32c as _crc32c
+
+    CHECKSUM = "crc32c"
+    POLY = 0x82F63B78  # reflected Castagnoli polynomial
+
+    def checksum(data: Any, value: int = 0) -> int:
+        return int(_crc32c.crc32c(data, value))
+
+except ImportError:  # pragma: no cover - crc32c is a dependency; zlib is the fallback
+    CHECKSUM = "crc32"
+    POLY = 0xEDB88320
+
+    def checksum(data: Any, value: int = 0) -> int:
+        return zlib.crc32(data, value)
+
+
+log = logging.getLogger("resctl.checkpoint.memory")
+DATA = "data-0.bin"
+CHUNK = 64 << 20  # bytes per checksum call; the calls run in parallel threads (each releases the GIL)
+THREADS = max(1, min(8, os.cpu_count() or 1))
+
+#: The engine's `_stage`: (tensors, total, buffer or None for its own arena) -> staged bytes.
+StageFn = Callable[[list[torch.Tensor], int, "torch.Tensor | None"], torch.Tensor]
+
+
+def checksum_of(view: memoryview, pool: ThreadPoolExecutor | None = None) -> int:
+    """The checksum of `view`, its CHUNK-sized parts checksummed in parallel on `pool` and
+    combined (`combine`): equal to one sequential checksum of the whole."""
+    parts = [view[lo : lo + CHUNK] for lo in range(0, len(view), CHUNK)]
+    if not parts:
+        return checksum(b"")
+    crcs = list(pool.map(checksum, parts)) if pool is not None and len(parts) > 1 else [checksum(p) for p in parts]
+    crc = crcs[0]
+    for part, part_crc in zip(parts[1:], crcs[1:]):
+        crc = combine(crc, part_crc, len(part))
+    return crc
+
+
+def combine(crc1: int, crc2: int, len2: int) -> int:
+    """The checksum of A + B from crc(A), crc(B) and len(B) (zlib's crc32_combine, for POLY)."""
+    return _gf2_times(_shift_operator(len2), crc1) ^ crc2
+
+
+def _gf2_times(mat: tuple[int, ...], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _gf2_square(mat: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(_gf2_times(mat, mat[n]) for n in range(32))
+
+
+@functools.lru_cache(maxsize=16)  # a state has few distinct part lengths: CHUNK and its tail
+def _shift_operator(nbytes: int) -> tuple[int, ...]:
+    """The GF(2) matrix that appends `nbytes` zero bytes to a CRC register."""
+    result = tuple(1 << n for n in range(32))  # identity
+    op = _gf2_square(_gf2_square(_gf2_square((POLY, *(1 << n for n in range(31))))))  # 1 -> 2 -> 4 -> 8 zero bits
+    while nbytes:
+        if nbytes & 1:
+            result = tuple(_gf2_times(op, result[n]) for n in range(32))
+        nbytes >>= 1
+        if nbytes:
+            op = _gf2_square(op)
+    return result
+
+
+@dataclass
+class Snapshot:
+    """A memory snapshot just staged: a disk save of the same step writes from `view`."""
+
+    step: int
+    slot: int
+    view: torch.Tensor  # the slot's stream bytes (uint8, CPU, shared memory)
+    specs: list[fmt.TensorSpec]
+    total: int
+    meta: bytes
+    #: Done when the snapshot is committed (a disk write from `view` waits for it: with device
+    #: staging the bytes reach `view` in the background).
+    ready: Future[None] | None = None
+
+
+@dataclass
+class Verified:
+    """A slot that passed every check (`MemoryTier.verify`); `restore` puts it into the state."""
+
+    step: int
+    slot: int
+    manifest: fmt.Manifest
+    meta: dict[str, Any]
+    data: mmap.mmap | None
+
+
+class _Slot:
+    """One slot's directory and the writable mapping of its data file (kept between saves)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._map: mmap.mmap | None = None
+        self._view: torch.Tensor | None = None
+        self._size = -1
+        self._pinned = False
+
+    def manifest(self) -> fmt.Manifest | None:
+        try:
+            return fmt.read_manifest(self.path / fmt.MANIFEST)
+        except fmt.CorruptCheckpoint:
+            return None
+
+    def invalidate(self) -> None:
+        """Remove the manifest: from now on the slot is incomplete (never offered to a load)."""
+        try:
+            os.unlink(self.path / fmt.MANIFEST)
+        except FileNotFoundError:
+            pass
+
+    def buffer(self, total: int, pin: bool = False) -> torch.Tensor:
+        """The data file mapped as `total` writable bytes (preallocated: a full /dev/shm raises
+        OSError here instead of killing the process with SIGBUS on a write into the mapping);
+        `pin`: registered with CUDA as page-locked memory (device copies at full speed)."""
+        if self._view is not None and self._size == total:
+            if pin and not self._pinned:
+                self._register()
+            return self._view
+        self.close()
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / DATA, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size != total:
+                os.ftruncate(fd, 0)
+                if total:
+                    os.posix_fallocate(fd, 0, total)
+            length = max(total, 1)
+            if total == 0:
+                os.ftruncate(fd, 1)  # mmap cannot map an empty file
+            self._map = _map_shared(fd, length)
+        finally:
+            os.close(fd)
+        if total == 0:
+            os.truncate(self.path / DATA, 0)
+            self._map.close()
+            self._map = None
+            self._view = torch.empty(0, dtype=torch.uint8)
+        else:
+            self._view = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._size = total
+        if pin and total:
+            self._register()
+        return self._view
+
+    def _register(self) -> None:
+        """cudaHostRegister the mapping (once); without it a device-to-host copy into it runs at
+        pageable speed. Failing to register only costs speed."""
+        assert self._view is not None
+        err = torch.cuda.cudart().cudaHostRegister(self._view.data_ptr(), self._view.numel(), 0)
+        if int(err) != 0:
+            log.warning("could not register the memory-tier slot %s with CUDA (error %s): device copies run at "
+                        "pageable-memory speed", self.path, err)
+            return
+        self._pinned = True
+
+    def detach(self) -> None:
+        """The live state now uses this slot's pages (a zero-copy restore): remove the files, so
+        the next snapshot here makes a new one, and drop this process's old mapping of them."""
+        self.invalidate()
+        try:
+            os.unlink(self.path / DATA)
+        except FileNotFoundError:
+            pass
+        self.close()
+
+    def close(self) -> None:
+        if self._pinned and self._view is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._view.data_ptr())
+        self._pinned = False
+        self._view = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view is still exported (a disk write in flight): the GC closes it
+                pass
+            self._map = None
+        self._size = -1
+
+
+class MemoryTier:
+    """One rank's two slots in host shared memory (see the module docstring)."""
+
+    def __init__(self, key: str, rank: int, *, run_id: str = "", events: EventLog | None = None,
+                 root: Path | None = None) -> None:
+        self.key = key
+        self.rank = rank
+        self.run_id = run_id
+        self.root = root
+        self.dir = memdir.rank_dir(key, rank, root)
+        self.events = events if events is not None else NULL_LOG
+        self._slots = [_Slot(self.dir / f"slot-{k}") for k in range(memdir.SLOTS)]
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="resctl-mem")
+        self._crc_pool = ThreadPoolExecutor(THREADS, thread_name_prefix="resctl-mem-crc")
+        self._commit: Future[None] | None = None
+        self._pins: list[Future[Any] | None] = [None] * memdir.SLOTS
+        self._last: int | None = None  # the slot written last (the next snapshot goes to the other)
+        self._stream: Any = None  # CUDA stream of the background device-to-host copies
+        #: Why the tier was turned off in this process (a failed snapshot), or None.
+        self.disabled: str | None = None
+
+    # --- saving --------------------------------------------------------------------------------
+
+    def save(self, tensors: list[torch.Tensor], structure_meta: bytes, step: int, stage: StageFn,
+             on_device: bool = False) -> tuple[Snapshot, float]:
+        """Copy `tensors` into the free slot (blocking: the caller may change them afterwards) and
+        commit it in the background; return the snapshot and the seconds waited for the previous
+        commit or a disk write still reading the slot.
+
+        CUDA tensors are copied into the slot directly (registered with CUDA as pinned memory, so
+        at the device-to-host copy's full speed); with `on_device` (checkpoint.stage = "device")
+        they are copied into a spare device buffer instead (`stage` with no buffer given) and the
+        background commit copies that to the slot: the loop is blocked for a device-to-device copy."""
+        t0 = time.monotonic()
+        self._wait_commit()
+        k = self._target()
+        pin = self._pins[k]
+        if pin is not None:
+            try:
+                pin.result()  # a disk write from this slot: it must finish reading first
+            except Exception:  # noqa: BLE001 - reported by the engine's failed-save policy
+                pass
+            self._pins[k] = None
+        waited = time.monotonic() - t0
+        specs, total = fmt.plan_stream(tensors)
+        slot = self._slots[k]
+        slot.invalidate()
+        self._last = k
+        cuda = any(t.is_cuda for t in tensors)
+        view = slot.buffer(total, pin=cuda)
+        staged = stage(tensors, total, None) if on_device and cuda else stage(tensors, total, view)
+        snap = Snapshot(step, k, view, specs, total, structure_meta)
+        staged_at = time.monotonic()
+        device = staged if staged.is_cuda else None
+        snap.ready = self._commit = self._exec.submit(self._commit_slot, snap, device, staged_at, staged_at - t0, waited)
+        return snap, waited
+
+    def pin(self, slot: int, fut: Future[Any]) -> None:
+        """A disk write reads slot `slot` until `fut` is done: the snapshot after next waits for it."""
+        self._pins[slot] = fut
+
+    def _target(self) -> int:
+        if self._last is None:
+            newest = self.newest()
+            self._last = newest[1] if newest else memdir.SLOTS - 1
+        return (self._last + 1) % memdir.SLOTS
+
+    def _commit_slot(self, snap: Snapshot, device: torch.Tensor | None, staged_at: float, blocked: float,
+                     waited: float) -> None:
+        slot = self._slots[snap.slot]
+        if device is not None:  # device staging: the device-to-host copy, off the training loop's stream
+            with torch.cuda.device(device.device):
+                if self._stream is None:
+                    self._stream = torch.cuda.Stream()
+                with torch.cuda.stream(self._stream):
+                    snap.view.copy_(device, non_blocking=True)
+                self._stream.synchronize()
+        crc = checksum_of(fmt.byte_view(snap.view), self._crc_pool) if snap.total else checksum(b"")
+        meta_crc = checksum(snap.meta)
+        _write_small(slot.path / fmt.META, snap.meta)
+        files = {
+            fmt.META: fmt.FileEntry(len(snap.meta), meta_crc),
+            DATA: fmt.FileEntry(snap.total, crc, (0, snap.total)),
+        }
+        manifest = fmt.Manifest(
+            "plain", snap.step, files, created=time.time(), world_size=_world_size(), run_id=self.run_id,
+            stream_bytes=snap.total, tensors=tuple(snap.specs), checksum=CHECKSUM,
+        )
+        tmp = slot.path / f".{fmt.MANIFEST}.tmp"
+        fmt.write_manifest(tmp, manifest, durable=False)
+        os.rename(tmp, slot.path / fmt.MANIFEST)  # the commit point
+        self.events.emit("ckpt_mem", step=snap.step, seconds=round(blocked, 6), waited=round(waited, 6),
+                         commit=round(time.monotonic() - staged_at, 6), bytes=snap.total)
+
+    def _wait_commit(self) -> None:
+        fut, self._commit = self._commit, None
+        if fut is not None:
+            fut.result()
+
+    def wait(self) -> None:
+        """Block until the snapshot in flight is committed (raises its error if it failed)."""
+        self._wait_commit()
+
+    # --- loading -------------------------------------------------------------------------------
+
+    def steps(self, world_size: int) -> dict[int, int]:
+        """{step: slot} of the complete-looking slots (manifest intact, same world size and run,
+        data file of the right size); the data is verified only by `verify`."""
+        found: dict[int, int] = {}
+        for k, slot in enumerate(self._slots):
+            m = slot.manifest()
+            if m is None or m.kind != "plain" or m.step is None or m.world_size != world_size:
+                continue
+            if self.run_id and m.run_id and m.run_id != self.run_id:
+                continue
+            try:
+                if (slot.path / DATA).stat().st_size != m.stream_bytes:
+                    continue
+            except OSError:
+                continue
+            found[m.step] = k
+        return found
+
+    def newest(self) -> tuple[int, int] | None:
+        """(step, slot) of the newest complete-looking slot, whatever its world size."""
+        best: tuple[int, int] | None = None
+        for k, slot in enumerate(self._slots):
+            m = slot.manifest()
+            if m is not None and m.step is not None and (best is None or m.step > best[0]):
+                best = (m.step, k)
+        return best
+
+    def verify(self, step: int, slot: int, state: Mapping[str, Any]) -> Verified:
+        """Every check of a disk load, on slot `slot` holding `step`; the state does not change.
+        Raises `format.CorruptCheckpoint` (damaged) or `CheckpointMismatch` (another state's)."""
+        path = self._slots[slot].path
+        manifest = fmt.read_manifest(path / fmt.MANIFEST)
+        if manifest.step != step or manifest.kind != "plain" or fmt.data_file_names(manifest.files) != [DATA]:
+            raise fmt.CorruptCheckpoint(f"memory slot {path}: not a step {step} snapshot")
+        if manifest.checksum != CHECKSUM:
+            raise fmt.CorruptCheckpoint(f"memory slot {path}: {manifest.checksum} checksums, this process verifies {CHECKSUM}")
+        reader.check_sizes(path, manifest)
+        meta_bytes = (path / fmt.META).read_bytes()
+        if checksum(meta_bytes) != manifest.files[fmt.META].crc32:
+            raise fmt.CorruptCheckpoint(f"memory slot {path}: {fmt.META} checksum mismatch")
+        meta = reader.decode_meta(meta_bytes, manifest)
+        current, _ = st.snapshot_entries(state)
+        problems = reader.fit_problems(meta["entries"], manifest.tensors, current)
+        if problems:
+            raise CheckpointMismatch(f"memory snapshot step {step} does not fit the state: " + "; ".join(problems[:5]))
+        data = _map_snapshot(path / DATA, manifest.stream_bytes)
+        got = checksum_of(memoryview(data), self._crc_pool) if data is not None else checksum(b"")
+        if got != manifest.files[DATA].crc32:
+            if data is not None:
+                data.close()
+            raise fmt.CorruptCheckpoint(f"memory slot {path}: {DATA} checksum mismatch")
+        return Verified(step, slot, manifest, meta, data)
+
+    def restore(self, v: Verified, state: MutableMapping[str, Any]) -> None:
+        """Put a verified snapshot into `state`, then `load_state_dict` as a disk load does.
+
+        A tensor the state already has (same shape and dtype: a module's parameters) is copied
+        into in place. One it lacks (an optimizer's state after a restart) would need new memory,
+        and faulting in fresh pages costs more than the copy; on the CPU it becomes a view of the
+        snapshot's own shared pages instead (zero copy), and the slot is *detached*: its files are
+        removed so no later snapshot writes into the live state, and a replacement is allocated in
+        the background. On CUDA such tensors are allocated on the state's device and copied."""
+        current, _ = st.snapshot_entries(state)
+        targets: dict[int, torch.Tensor] = {}
+        _pair(v.meta["entries"], current, targets)
+        home = _home_device(current)
+        src = _bytes_of(v.data)
+        tensors: list[torch.Tensor] = []
+        copied: list[fmt.TensorSpec] = []
+        for i, spec in enumerate(v.manifest.tensors):
+            dtype = fmt.dtype_from_name(spec.dtype)
+            part = src.narrow(0, spec.offset, spec.nbytes).view(dtype).view(spec.shape)
+            dst = targets.get(i)
+            if dst is not None and dst.dtype == dtype and tuple(dst.shape) == spec.shape:
+                dst.copy_(part)
+                copied.append(spec)
+            elif home.type == "cpu" or len(spec.shape) == 0:
+                dst = part  # zero copy: the snapshot's pages become the state's
+            else:
+                dst = torch.empty(spec.shape, dtype=dtype, device=home)
+                dst.copy_(part)
+                copied.append(spec)
+            tensors.append(dst)
+        if home.type == "cuda":
+            torch.cuda.synchronize(home)
+        detach = len(copied) < len(v.manifest.tensors)
+        if detach:
+            self._slots[v.slot].detach()
+        st.restore(state, st.unflatten(v.meta["entries"], tensors), list(v.meta["stateful"]))
+        self._last = v.slot
+        if detach:
+            # In the background: give back the pages of what was copied out, and allocate the
+            # slot's replacement (the snapshot after next waits for it).
+            self._pins[v.slot] = self._exec.submit(self._refill, v.slot, v.data, copied, v.manifest.stream_bytes)
+
+    def _refill(self, slot: int, data: mmap.mmap | None, copied: list[fmt.TensorSpec], total: int) -> None:
+        _release_pages(data, copied)
+        self._slots[slot].buffer(total)
+
+    def forget_newer(self, step: int) -> None:
+        """Invalidate snapshots newer than `step` (the job resumed from `step`: they belong to the
+        timeline that was abandoned and must never be restored later)."""
+        for slot in self._slots:
+            m = slot.manifest()
+            if m is not None and m.step is not None and m.step > step:
+                slot.invalidate()
+        newest = self.newest()
+        self._last = newest[1] if newest else None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish the commit in flight and unmap (the files stay for a restarted worker)."""
+        try:
+            self._wait_commit()
+        except Exception:  # noqa: BLE001 - an uncommitted snapshot has no manifest: never offered
+            log.warning("memory snapshot commit failed", exc_info=True)
+        self._exec.shutdown(wait=True)
+        self._crc_pool.shutdown(wait=True)
+        for slot in self._slots:
+            slot.close()
+
+    def release(self) -> None:
+        """Close and remove this rank's snapshots (a clean end of the script)."""
+        self.close()
+        memdir.release_rank(self.key, self.rank, self.root)
+
+
+def _write_small(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    finally:
+        os.close(fd)
+
+
+def _map_shared(fd: int, size: int) -> mmap.mmap:
+    # MAP_POPULATE: the page tables in one pass, not one fault per 4 KiB page (~5x faster here).
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _map_snapshot(path: Path, size: int) -> mmap.mmap | None:
+    """A slot's data file mapped writable (a zero-copy restore hands its pages to the state).
+    Not populated: the parallel checksum threads fault the pages in, each its own part (measured
+    here: 0.11-0.16 s for 1 GiB against 0.17-0.19 s populating first)."""
+    if size == 0:
+        return None
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+
+
+def _release_pages(data: mmap.mmap | None, specs: list[fmt.TensorSpec]) -> None:
+    """Give back the shared pages of tensors that were copied out (the file is already unlinked)."""
+    remove = getattr(mmap, "MADV_REMOVE", None)
+    if data is None or remove is None:
+        return
+    page = mmap.PAGESIZE
+    for spec in specs:
+        lo = -(-spec.offset // page) * page
+        hi = (spec.offset + spec.nbytes) // page * page
+        if hi > lo:
+            try:
+                data.madvise(remove, lo, hi - lo)
+            except OSError:
+                return
+
+
+def _bytes_of(data: mmap.mmap | None) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8) if data is None else torch.frombuffer(data, dtype=torch.uint8)
+
+
+def _pair(saved: Any, current: Any, out: dict[int, torch.Tensor]) -> None:
+    """Map each tensor placeholder of a saved structure to the state's tensor at the same place."""
+    if st.is_placeholder(saved):
+        if isinstance(current, torch.Tensor) and current.is_contiguous() and not st.is_sharded(current):
+            out.setdefault(saved[1], current)
+        return
+    if isinstance(saved, Mapping) and isinstance(current, Mapping):
+        for key in saved.keys() & current.keys():
+            _pair(saved[key], current[key], out)
+    elif isinstance(saved, (list, tuple)) and isinstance(current, (list, tuple)):
+        for a, b in zip(saved, current):
+            _pair(a, b, out)
+
+
+def _home_device(entries: Mapping[str, Any]) -> torch.device:
+    """Where new tensors go: the device of the state's first tensor (an optimizer's state follows
+    its parameters), else the CPU."""
+    for t in st.find_tensors(entries):
+        return t.device
+    return torch.device("cpu")
+
+
+def _world_size() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
