@@ -75,6 +75,9 @@ class Series:
             command line; otherwise the flags are floats and ``none`` is an argparse error, so a
             disabled timeout has to go through ``--ft-cfg-path`` YAML (``null``).
         rdzv_impl_flag: the flag selecting the rendezvous implementation, where one exists.
+        gpu_reclaim_poll_flag: the flag setting how often a restart polls for the stopped workers'
+            GPU memory to be released (0.6+: every 2 s by default, so a restart waits up to 2 s more
+            than it needs), where one exists.
         legacy_aliases: ``--ft-param-*`` / ``--restart-policy`` spellings still accepted.
         defaults: the launcher's own defaults.
     """
@@ -87,6 +90,7 @@ class Series:
     heartbeat_timeouts_default_none: bool
     timeouts_accept_none: bool
     rdzv_impl_flag: Optional[str]
+    gpu_reclaim_poll_flag: Optional[str]
     legacy_aliases: bool
     defaults: LauncherDefaults
 
@@ -101,6 +105,7 @@ SERIES: dict[str, Series] = {
         heartbeat_timeouts_default_none=False,
         timeouts_accept_none=False,
         rdzv_impl_flag=None,
+        gpu_reclaim_poll_flag=None,
         legacy_aliases=True,
         defaults=LauncherDefaults(
             max_restarts=0,
@@ -127,6 +132,7 @@ SERIES: dict[str, Series] = {
         heartbeat_timeouts_default_none=True,
         timeouts_accept_none=True,
         rdzv_impl_flag="--ft-rdzv-impl",
+        gpu_reclaim_poll_flag="--ft-gpu-memory-poll-interval",
         legacy_aliases=False,
         defaults=LauncherDefaults(
             max_restarts=0,

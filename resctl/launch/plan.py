@@ -217,6 +217,9 @@ def plan(
     add("--ft-node-health-check-interval", _seconds(hb.node_health_check_interval), "heartbeat.node_health_check_interval")
     add("--ft-log-level", hb.log_level, "heartbeat.log_level")
     add("--ft-enable-nic-monitor", "true" if hb.nic_monitor else "false", "heartbeat.nic_monitor")
+    if traits.gpu_reclaim_poll_flag:
+        # How often a restart checks that the stopped workers' GPU memory is free again (NVRx: 2 s).
+        add(traits.gpu_reclaim_poll_flag, "0.1", "launch", "resctl: restart latency (NVRx polls every 2 s)")
 
     policy, policy_source = restart_policy(resolved, nvrx_version)
     add("--ft-restart-policy", policy, "launch.restart_policy", policy_source)
