@@ -275,6 +275,11 @@ def _titled_rank_monitors(patches: Patches) -> None:
 
         local = re.search(r"rmon(\d+)\.socket$", str(kwargs.get("ipc_socket_path", "")))
         set_title("resctl-rank-monitor" + (f" local={local[1]}" if local else ""))
+        try:  # monitors stay in the launcher's process group (a worker's group is its own) ...
+            os.setpgid(0, os.getpgid(os.getppid()))
+        except OSError:
+            pass
+        _die_with_parent(signal.SIGKILL)  # ... and never outlive it (they hold its stdout open)
         return run(*args, **kwargs)
 
     patches.set(RankMonitorServer, "run", staticmethod(titled_run))
@@ -317,14 +322,30 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _child_of_launcher() -> None:
-    """In every process forked from the launcher (workers, rank monitors): NVRx's code unpatched, and a
+    """In every process forked from the launcher (workers, rank monitors): NVRx's code unpatched, a
     process group of its own, so a launcher's `killpg` of a worker's group reaches the worker and its
-    children, never the launcher, `resctl run` or the shell that started them."""
+    children, never the launcher, `resctl run` or the shell that started them, and a SIGTERM when the
+    launcher dies (a worker then stops as for a job stop; an unsupervised worker has no future)."""
     undo_adapters()
     try:
         os.setpgid(0, 0)
     except OSError:
         pass
+    _die_with_parent(signal.SIGTERM)
+
+
+def _die_with_parent(sig: int) -> None:
+    import ctypes
+    import ctypes.util
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent == 1:  # the launcher died before the line above: it will not signal us
+        os.kill(os.getpid(), sig)
 
 
 def apply_adapters() -> list[str]:

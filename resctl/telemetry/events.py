@@ -170,16 +170,17 @@ _CHECK: dict[str, tuple[tuple[str, type, bool], ...]] = {
     for name, kind in KINDS.items()
 }
 _ZERO_WHEN_ABSENT = ("cycle", "iteration")
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1  # what an event's integer may be (int64, as the readers' arrays hold)
 
 
 def validate(obj: Any) -> Event | None:
     """The record with every field of its kind present and typed, or None when it is not one
     (not an object, unknown kind, a required field missing or of the wrong type). Fields in place:
     an absent optional one becomes None, an int where a float belongs a float, an integral float
-    where an int belongs an int; bool is not a number and numbers must be finite."""
-    if type(obj) is not dict:
+    where an int belongs an int; bool is not a number, numbers must be finite and integers fit int64."""
+    if type(obj) is not dict or type(obj.get("kind")) is not str:
         return None
-    check = _VALIDATORS.get(obj.get("kind"))  # type: ignore[arg-type]
+    check = _VALIDATORS.get(obj["kind"])
     return None if check is None else check(obj)
 
 
@@ -190,6 +191,8 @@ def _validate_slowly(obj: dict[str, Any], spec: tuple[tuple[str, type, bool], ..
         if got is want:
             if got is float and value - value != 0.0:  # inf or nan
                 return None
+            if got is int and not _INT_MIN <= value <= _INT_MAX:  # no reader's arithmetic holds it
+                return None
         elif value is None:
             if name in _ZERO_WHEN_ABSENT:
                 obj[name] = 0
@@ -197,9 +200,10 @@ def _validate_slowly(obj: dict[str, Any], spec: tuple[tuple[str, type, bool], ..
                 obj[name] = None
             else:
                 return None
-        elif want is float and got is int:
+        elif want is float and got is int and _INT_MIN <= value <= _INT_MAX:
             obj[name] = float(value)
-        elif want is int and got is float and value - value == 0.0 and value.is_integer():
+        elif want is int and got is float and value - value == 0.0 and value.is_integer() and \
+                _INT_MIN <= value <= _INT_MAX:
             obj[name] = int(value)
         else:
             return None
@@ -212,7 +216,8 @@ def _validator(spec: tuple[tuple[str, type, bool], ...]) -> Callable[[dict[str, 
     body = ["def check(obj):", "    get = obj.get"]
     for name, want, optional in spec:
         body.append(f"    v = get({name!r})")
-        test = f"type(v) is not {want.__name__}" + (" or v - v != 0.0" if want is float else "")
+        test = f"type(v) is not {want.__name__}" + {float: " or v - v != 0.0",
+                                                       int: f" or not {_INT_MIN} <= v <= {_INT_MAX}"}.get(want, "")
         if optional and name not in _ZERO_WHEN_ABSENT:
             body += ["    if v is None:", f"        obj[{name!r}] = None", f"    elif {test}:"]
         else:
