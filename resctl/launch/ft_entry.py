@@ -326,12 +326,17 @@ def _child_of_launcher() -> None:
     process group of its own, so a launcher's `killpg` of a worker's group reaches the worker and its
     children, never the launcher, `resctl run` or the shell that started them, and a SIGTERM when the
     launcher dies (a worker then stops as for a job stop; an unsupervised worker has no future)."""
+    if os.getppid() != _LAUNCHER_PID[0]:
+        return  # a fork inside a worker (the hook is inherited): NVRx's monitor setsid()s, DataLoader workers...
     undo_adapters()
     try:
         os.setpgid(0, 0)
     except OSError:
         pass
     _die_with_parent(signal.SIGTERM)
+
+
+_LAUNCHER_PID = [0]  # set in main(): the process whose children `_child_of_launcher` looks after
 
 
 def _die_with_parent(sig: int) -> None:
@@ -465,6 +470,7 @@ def main() -> None:
     os.environ[stop.ENV] = str(marker)
     atexit.register(stop.clear, marker)
     apply_adapters()
+    _LAUNCHER_PID[0] = os.getpid()
     os.register_at_fork(after_in_child=_child_of_launcher)
     from resctl.launch.launcher_logs import install  # no secrets or stop tracebacks in its log
 
