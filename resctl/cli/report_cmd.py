@@ -96,6 +96,10 @@ def _render(a: Any) -> None:
     f = a.freshness
     head.add_row("checkpoint freshness", f"mean {_num(f['mean_age_steps'], '.1f')} steps / {_num(f['mean_age_s'], '.1f')} s, "
                                          f"max {_num(f['max_age_steps'], '.0f')} steps / {_num(f['max_age_s'], '.1f')} s")
+    if a.failed_saves or a.skipped_checkpoints:
+        last = f"; last: {a.last_save_error}" if a.last_save_error else ""
+        head.add_row("checkpoint problems", f"{a.failed_saves} failed save(s){last}; {a.skipped_checkpoints} "
+                                            "damaged or unusable checkpoint(s) skipped by a load (see ckpt_skip)")
     if a.damaged_lines:
         head.add_row("events", f"{a.damaged_lines} damaged line(s) skipped (not valid records, see docs/events.md)")
     out_console.print(head)

@@ -171,13 +171,14 @@ _CHECK: dict[str, tuple[tuple[str, type, bool], ...]] = {
 }
 _ZERO_WHEN_ABSENT = ("cycle", "iteration")
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1  # what an event's integer may be (int64, as the readers' arrays hold)
+_FLOAT_MAX = 1e15  # seconds (or unix time): 30 million years; sums of a run's values stay finite
 
 
 def validate(obj: Any) -> Event | None:
     """The record with every field of its kind present and typed, or None when it is not one
     (not an object, unknown kind, a required field missing or of the wrong type). Fields in place:
     an absent optional one becomes None, an int where a float belongs a float, an integral float
-    where an int belongs an int; bool is not a number, numbers must be finite and integers fit int64."""
+    where an int belongs an int; bool is not a number, integers fit int64 and floats are within ±1e15."""
     if type(obj) is not dict or type(obj.get("kind")) is not str:
         return None
     check = _VALIDATORS.get(obj["kind"])
@@ -189,7 +190,7 @@ def _validate_slowly(obj: dict[str, Any], spec: tuple[tuple[str, type, bool], ..
         value: Any = obj.get(name)
         got = type(value)
         if got is want:
-            if got is float and value - value != 0.0:  # inf or nan
+            if got is float and not -_FLOAT_MAX <= value <= _FLOAT_MAX:  # inf, nan, or beyond any real time
                 return None
             if got is int and not _INT_MIN <= value <= _INT_MAX:  # no reader's arithmetic holds it
                 return None
@@ -200,7 +201,7 @@ def _validate_slowly(obj: dict[str, Any], spec: tuple[tuple[str, type, bool], ..
                 obj[name] = None
             else:
                 return None
-        elif want is float and got is int and _INT_MIN <= value <= _INT_MAX:
+        elif want is float and got is int and -_FLOAT_MAX <= value <= _FLOAT_MAX:
             obj[name] = float(value)
         elif want is int and got is float and value - value == 0.0 and value.is_integer() and \
                 _INT_MIN <= value <= _INT_MAX:
@@ -216,7 +217,7 @@ def _validator(spec: tuple[tuple[str, type, bool], ...]) -> Callable[[dict[str, 
     body = ["def check(obj):", "    get = obj.get"]
     for name, want, optional in spec:
         body.append(f"    v = get({name!r})")
-        test = f"type(v) is not {want.__name__}" + {float: " or v - v != 0.0",
+        test = f"type(v) is not {want.__name__}" + {float: f" or not -{_FLOAT_MAX!r} <= v <= {_FLOAT_MAX!r}",
                                                        int: f" or not {_INT_MIN} <= v <= {_INT_MAX}"}.get(want, "")
         if optional and name not in _ZERO_WHEN_ABSENT:
             body += ["    if v is None:", f"        obj[{name!r}] = None", f"    elif {test}:"]

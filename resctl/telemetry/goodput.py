@@ -154,6 +154,9 @@ class RunAnalysis:
     t0: float = 0.0
     snapshots: int = 0  # of `checkpoints`: the script's own torch.save snapshots
     damaged_lines: int = 0  # lines of the events files that were skipped (see `events.ReadStats`)
+    failed_saves: int = 0  # ckpt_fail events: checkpoint writes that failed (retried at the next interval)
+    skipped_checkpoints: int = 0  # ckpt_skip events: checkpoints a load refused (damaged: quarantined)
+    last_save_error: str | None = None
 
     def to_json(self, series: bool = True) -> dict[str, Any]:
         data = asdict(self)
@@ -350,6 +353,8 @@ class Analyzer:
         self.piece_compute = array("d")
         # durable checkpoints and freshness
         self.durable_steps: set[int] = set()
+        self.failed_saves, self.skipped_checkpoints = 0, 0
+        self.last_save_error: str | None = None
         self.snapshot_steps: set[int] = set()
         self.latest: tuple[float, int] | None = None
         self.age_n, self.age_steps_sum, self.age_s_sum = 0, 0.0, 0.0
@@ -411,6 +416,11 @@ class Analyzer:
             ep.stops.append((t, rank))
         elif kind == "ckpt_persist":
             self._persist(ep, e)
+        elif kind == "ckpt_fail":
+            self.failed_saves += 1
+            self.last_save_error = e["error"]
+        elif kind == "ckpt_skip":
+            self.skipped_checkpoints += 1
         if kind in ("start", "resume", "restart") and rank == self.ref:
             ep.first, ep.prev_t, ep.stalls = True, None, []
         durable = self.ledger.feed(e)
@@ -597,6 +607,8 @@ class Analyzer:
             timeline=[_timeline_row(e, t0) for e in self.timeline],
             series=points, ranks=sorted(self.ranks), t0=t0,
             snapshots=len(self.snapshot_steps), damaged_lines=damaged_lines,
+            failed_saves=self.failed_saves, skipped_checkpoints=self.skipped_checkpoints,
+            last_save_error=self.last_save_error,
         )
 
     def _calibration(self, recoveries: list[Recovery], wall: float, mean_step: float) -> Calibration:

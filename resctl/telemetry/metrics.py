@@ -22,6 +22,8 @@ million. A damaged line is skipped and counted; the rest of its batch is read.
 | `resctl_training_goodput_ratio` | gauge | time producing kept steps / wall time |
 | `resctl_infrastructure_goodput_ratio` | gauge | time the workers were up / wall time |
 | `resctl_event_lines_damaged_total` | counter | lines of the events files skipped as damaged |
+| `resctl_checkpoint_failures_total` | counter | checkpoint writes that failed (`ckpt_fail`) |
+| `resctl_checkpoints_skipped_total` | counter | checkpoints a load refused as damaged or unusable (`ckpt_skip`) |
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ class RunCollector:
         a = self.analyzer
         values: dict[str, Any] = {"steps": a.ref_steps, "checkpoints": len(a.durable_steps), "cycle": self.cycle,
                                   "damaged": self.tail.stats.damaged, "last": dict(self.last),
+                                  "failed_saves": a.failed_saves, "skipped": a.skipped_checkpoints,
                                   "persisted_at": a.latest[0] if a.latest else None}
         if a.events:
             r = a.result(series=False)
@@ -185,6 +188,10 @@ class RunCollector:
         yield GaugeMetricFamily("resctl_launcher_cycle", "ft_launcher restart count of the newest worker.", value=v["cycle"])
         yield CounterMetricFamily("resctl_event_lines_damaged", "Lines of the events files skipped as damaged.",
                                   value=v["damaged"])
+        yield CounterMetricFamily("resctl_checkpoint_failures", "Checkpoint writes that failed.",
+                                  value=v["failed_saves"])
+        yield CounterMetricFamily("resctl_checkpoints_skipped", "Checkpoints a load refused as damaged or unusable.",
+                                  value=v["skipped"])
         gauges = {
             "step_seconds": ("resctl_step_seconds", "Duration of the last optimizer step."),
             "stall": ("resctl_checkpoint_stall_seconds", "Time the last save blocked the training loop."),

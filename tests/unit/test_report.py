@@ -210,3 +210,18 @@ def test_a_rollback_deep_into_a_long_epoch_is_counted_from_the_bounded_track() -
     exact = sum(1.0 if s % 2 else 3.0 for s in range(2, 12_348)) + 2 * (2 * 10_000 - 1) / 19_999
     assert a.productive_s == pytest.approx(exact, rel=1e-3)
     assert a.recoveries[0].rollback_steps == 20_000 - 12_347
+
+
+def test_failed_saves_and_skipped_checkpoints_are_counted() -> None:
+    from resctl.telemetry.goodput import analyze
+
+    def ev(t: float, kind: str, **kw: object) -> dict[str, object]:
+        return {"t": t, "kind": kind, "rank": 0, "cycle": 0, "iteration": 0, **kw}
+
+    events = [ev(1.0, "start"), ev(1.1, "ckpt_skip", step=20, reason="crc mismatch", quarantined="/q"),
+              ev(1.2, "resume", step=10), ev(2.0, "step", step=11, duration=0.5),
+              ev(2.5, "ckpt_fail", step=11, error="OSError: [Errno 28] No space left on device", consecutive=1, limit=3),
+              ev(3.0, "step", step=12, duration=0.5), ev(3.5, "end", status="ok", step=12)]
+    a = analyze(events)
+    assert (a.failed_saves, a.skipped_checkpoints) == (1, 1)
+    assert a.last_save_error is not None and "No space" in a.last_save_error
