@@ -67,13 +67,16 @@ def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int
     `resctl run` prints the reason and exits with `exit_code` instead of restarting up to max_restarts."""
     if run_dir is not None:
         record = {"rank": rank, "error": f"{type(err).__name__}: {err}", "exit_code": exit_code}
+        tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}"
         try:
-            fd = os.open(run_dir / FATAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            # Complete before it is visible, first rank wins: a rank stopped mid-write (another rank's
+            # SIGTERM to the launcher reaches it) must not leave an empty reason behind.
+            tmp.write_text(json.dumps(record), encoding="utf-8")
+            os.link(tmp, run_dir / FATAL_FILE)
         except OSError:
             pass  # another rank said it first (or the run dir is gone): one reason is enough
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(record, f)
+        finally:
+            tmp.unlink(missing_ok=True)
     try:
         os.kill(os.getppid(), signal.SIGTERM)
     except OSError:
