@@ -3,6 +3,9 @@
 # kill -9 -> first step after the resume, torchrun vs resctl, on a DDP-tutorial-style script and an
 # FSDP2 script. NVRX=0.4.1 (default) installs .whl/*.whl; NVRX=0.7.0 installs .whl07/*.whl over them.
 # Usage on the device: [NPROC=2] bash bench/gpu_issue10.sh [parts: exact ddp fsdp2]   (NPROC=2 on nvidia-h200-x2)
+# Wheels (cp312, downloaded here as the device README says, git-ignored): .whl = nvidia-resiliency-ext
+# 0.4.1, pydantic 2.11.7, pydantic-core 2.33.2, annotated-types, typing-inspection, setproctitle,
+# defusedxml, pynvml; .whl07 = nvidia-resiliency-ext 0.7.0 (manylinux_2_39; its launcher needs nothing more).
 set -uo pipefail
 NVRX=${NVRX:-0.4.1}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
