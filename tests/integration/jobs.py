@@ -80,3 +80,14 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
+
+
+def fill_disk(path: Path) -> None:
+    """Write zeros to `path` until its filesystem is full (a small tmpfs in the tests): a real ENOSPC."""
+    with open(path, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (64 << 10))
+                fh.flush()
+        except OSError:
+            pass

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from resctl.checkpoint import format as fmt
-from tests.integration.jobs import LOCAL_PROFILE, events, finish, start
+from tests.integration.jobs import LOCAL_PROFILE, events, finish, start, fill_disk
 
 pytestmark = pytest.mark.slow
 
@@ -113,13 +113,7 @@ def test_full_disk_under_resctl_run_stops_with_the_cause_and_keeps_the_last_good
             return any(e["kind"] == "ckpt_persist" and e["step"] >= 10 for e in events(run_dir))
 
         wait_for(saved_10, 120, "the checkpoint of step 10", proc)
-        with open(mnt / "filler", "wb") as fh:  # the disk is full from here on
-            try:
-                while True:
-                    fh.write(b"\0" * (64 << 10))
-                    fh.flush()
-            except OSError:
-                pass
+        fill_disk(mnt / "filler")  # the disk is full from here on
         code, out = finish(proc, timeout=180)
         ev = events(run_dir)
         fails = [e for e in ev if e["kind"] == "ckpt_fail"]

@@ -23,6 +23,7 @@ from resctl.checkpoint.engine import Checkpointer
 from resctl.checkpoint.errors import CheckpointDirInUse, CheckpointMismatch, SaveFailuresExceeded
 from resctl.checkpoint.owner import check_free
 from resctl.telemetry.events import EventLog, read_events
+from tests.integration.jobs import fill_disk
 
 
 def _ck(root: Path, run: Path | None = None, **kw: Any) -> Checkpointer:
@@ -288,13 +289,7 @@ def test_full_disk_mid_training_keeps_the_last_good_checkpoint(small_tmpfs: Path
     train_to(1)
     train_to(2)
     ck.wait()
-    with open(filler, "wb") as fh:  # take every byte that is left
-        try:
-            while True:
-                fh.write(b"\0" * (64 << 10))
-                fh.flush()
-        except OSError:
-            pass
+    fill_disk(filler)  # take every byte that is left
     train_to(3)  # async: fails in the background
     train_to(4)  # step 3's ENOSPC is reported here; training goes on
     ck.wait()  # step 4's failure reported (2 in a row), not raised
@@ -302,13 +297,7 @@ def test_full_disk_mid_training_keeps_the_last_good_checkpoint(small_tmpfs: Path
     train_to(5)
     ck.wait()
     assert _steps(root) == [2, 5]
-    with open(filler, "wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * (64 << 10))
-                fh.flush()
-        except OSError:
-            pass
+    fill_disk(filler)
     with pytest.raises(SaveFailuresExceeded, match="No space left on device"):
         for step in (6, 7, 8, 9):
             train_to(step)
