@@ -128,10 +128,10 @@ def rebuild(argv: list[str]) -> dict[str, Any]:
     step = ck.load({"model": net, "optim": opt})
     sync(device)
     seconds = time.perf_counter() - t0
-    exp_avg = next(iter(opt.state.values()))["exp_avg"]
+    every_tensor = [*net.parameters(), *(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v))]
     (load,) = [e for e in read_events(events) if e["kind"] == "ckpt_load"]
     shutil.rmtree(events, ignore_errors=True)
-    return {"step": step, "seconds": seconds, "tier": load["tier"], "checksum": float(exp_avg.double().sum())}
+    return {"step": step, "seconds": seconds, "tier": load["tier"], "checksum": float(sum(t.double().sum() for t in every_tensor))}
 
 
 def restores(args: argparse.Namespace, model: Model, want_step: int) -> dict[str, Any]:
@@ -161,8 +161,11 @@ def restores(args: argparse.Namespace, model: Model, want_step: int) -> dict[str
         f"{t}_median_s": round(med(v), 4) for t, v in out.items()}
 
 
-def efficiency(args: argparse.Namespace, model: Model, copy_s: float) -> dict[str, Any]:
-    """Steps/s with snapshots every N steps (N: compute between snapshots >= ratio x copy) vs none."""
+def efficiency(args: argparse.Namespace, model: Model, copy_s: float, stall_s: float) -> dict[str, Any]:
+    """Steps/s with snapshots every N steps against the loop without snapshots, for two N: the
+    smallest with compute between snapshots >= `--compute-ratio` x the device-to-host copy (the
+    background copy finishes before the next snapshot), and the smallest that also keeps the
+    measured stall within `--budget` of the step time (what `tune-interval` plans)."""
     for _ in range(3):
         model.step()
     sync(args.device)
@@ -171,29 +174,39 @@ def efficiency(args: argparse.Namespace, model: Model, copy_s: float) -> dict[st
         model.step()
     sync(args.device)
     step_s = (time.perf_counter() - t0) / 10
-    every = max(1, int(-(-args.compute_ratio * copy_s // step_s)))
-    steps = max(5 * every, 50)
+    by_copy = max(1, math.ceil(args.compute_ratio * copy_s / step_s))
+    by_budget = max(by_copy, math.ceil(stall_s * (1 - args.budget) / (args.budget * step_s)))
+    out: dict[str, Any] = {"step_s": round(step_s, 5), "stall_s": stall_s, "budget": args.budget}
+    for name, every in (("ratio", by_copy), ("budget", by_budget)):
+        if every > 400:  # e.g. host staging: its stall is the whole copy
+            out[name] = {"memory_every": every, "not_run": "more than 400 steps between snapshots"}
+            continue
+        steps = max(3 * every, 50)
 
-    def loop(ck: Checkpointer | None) -> float:
-        sync(args.device)
-        t = time.perf_counter()
-        for s in range(1, steps + 1):
-            model.step()
-            if ck is not None:
-                ck.maybe_save(model.state(), s)
-        sync(args.device)
-        return time.perf_counter() - t
+        def loop(ck: Checkpointer | None) -> float:
+            sync(args.device)
+            t = time.perf_counter()
+            for s in range(1, steps + 1):
+                model.step()
+                if ck is not None:
+                    ck.maybe_save(model.state(), s)
+            sync(args.device)
+            return time.perf_counter() - t
 
-    base = loop(None)
-    ck = Checkpointer(dir=args.dir, interval_steps=10**9, memory_every=every, run_id=RUN_ID + "-eff",
-                      stage=args.stage, exclusive=False)
-    ck.save_memory(model.state(), 0)  # cold start (slots allocated) outside the timed loop
-    ck.wait()
-    with_mem = loop(ck)
-    ck.release_memory()
-    ck.close()
-    return {"step_s": round(step_s, 5), "memory_every": every, "steps": steps, "baseline_s": round(base, 3),
-            "with_memory_s": round(with_mem, 3), "efficiency": round(base / with_mem, 4)}
+        base = loop(None)
+        ck = Checkpointer(dir=args.dir, interval_steps=10**9, memory_every=every, run_id=RUN_ID + "-eff",
+                          stage=args.stage, exclusive=False)
+        ck.save_memory(model.state(), 0)  # the slots are allocated, mapped and pinned outside the timed loop
+        ck.wait()
+        with_mem = loop(ck)
+        ck.release_memory()
+        ck.close()
+        base = (base + loop(None)) / 2  # the baseline on both sides of the snapshot loop (the GPU's clocks drift)
+        out[name] = {"memory_every": every, "compute_over_copy": round(every * step_s / copy_s, 2), "steps": steps,
+                     "baseline_s": round(base, 4), "with_memory_s": round(with_mem, 4),
+                     "efficiency": round(base / with_mem, 4)}
+        say(f"efficiency ({name}): memory_every={every}: {base / with_mem:.4f}")
+    return out
 
 
 def main() -> None:
@@ -208,6 +221,7 @@ def main() -> None:
     ap.add_argument("--restores", type=int, default=3, help="restarted-worker restores per tier")
     ap.add_argument("--efficiency", action="store_true")
     ap.add_argument("--compute-ratio", type=float, default=1.2)
+    ap.add_argument("--budget", type=float, default=0.01, help="stall budget per step for the planned memory_every")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     os.environ[memdir.SHM_ENV] = args.shm
@@ -242,7 +256,7 @@ def main() -> None:
     memdir.release_job(RUN_ID)  # give the slots back before the efficiency loop takes its own
     if args.efficiency:
         say("efficiency")
-        result["efficiency"] = efficiency(args, model, copy_s)
+        result["efficiency"] = efficiency(args, model, copy_s, result["save"]["warm_median_s"])
     memdir.release_job(RUN_ID)
     shutil.rmtree(args.dir, ignore_errors=True)
     shutil.rmtree(ev_dir, ignore_errors=True)

@@ -148,6 +148,7 @@ class Checkpointer:
         self._inflight_path: Path | None = None
         self._arena: torch.Tensor | None = None
         self._dev_arena: torch.Tensor | None = None
+        self._zeroed: dict[int, tuple[Any, ...]] = {}  # arena address -> the layout its padding was zeroed for
         self._d2h_stream: Any = None
         # Pruning runs on its own thread after a checkpoint is durable, so the next save waits for
         # durability only, not for deleting old checkpoints (slow on filesystems mounted with
@@ -523,6 +524,7 @@ class Checkpointer:
         if arena is None or arena.numel() < total or (pinned and not arena.is_pinned()):
             # Reused between saves: allocating (and, on CUDA, pinning) GBs each time costs more than the copy.
             self._arena = None
+            self._zeroed.clear()
             arena = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=pinned)
             self._arena = arena
         return arena
@@ -531,6 +533,7 @@ class Checkpointer:
         arena = self._dev_arena
         if arena is None or arena.numel() < total or arena.device != device:
             self._dev_arena = arena = None  # let the old buffer go before taking a larger one
+            self._zeroed.clear()
             try:
                 arena = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
             except torch.cuda.OutOfMemoryError:
@@ -562,7 +565,22 @@ class Checkpointer:
                 continue
             dst = arena.narrow(0, spec.offset, spec.nbytes).view(t.dtype).view(t.shape)
             dst.copy_(t.detach(), non_blocking=non_blocking)
-        # Padding stays whatever it was; zero it so a file's bytes (and CRC) depend only on the state.
+        self._zero_padding(arena, specs, total)
+        if on_cuda:
+            # The copies ran on the devices' current streams; wait for them (not for a background
+            # device-to-host copy on a side stream): the caller may change its tensors from any stream
+            # once save() returns.
+            for device in {t.device for t in tensors if t.device.type == "cuda"}:
+                torch.cuda.current_stream(device).synchronize()
+        return arena.narrow(0, 0, total)
+
+    def _zero_padding(self, arena: torch.Tensor, specs: list[fmt.TensorSpec], total: int) -> None:
+        """Zero the bytes between tensors, so a file's bytes (and CRC) depend only on the state. No
+        copy writes them, so an arena zeroed for the same layout before is left alone (on a device
+        each gap would cost a kernel launch per save)."""
+        key = (arena.data_ptr(), total, tuple((s.offset, s.nbytes) for s in specs))
+        if self._zeroed.get(arena.data_ptr()) == key:
+            return
         pos = 0
         for spec in specs:
             if spec.offset > pos:
@@ -570,10 +588,7 @@ class Checkpointer:
             pos = spec.offset + spec.nbytes
         if total > pos:
             arena.narrow(0, pos, total - pos).zero_()
-        if on_cuda:
-            # Conservative: the caller may update its tensors from another stream right after save().
-            torch.cuda.synchronize()
-        return arena.narrow(0, 0, total)
+        self._zeroed[arena.data_ptr()] = key
 
     def _to_host(self, staged: torch.Tensor) -> torch.Tensor:
         """A device-staged stream copied into the pinned host arena (in the background job, on a

@@ -27,6 +27,7 @@ otherwise (e.g. an optimizer's state after a restart), then hands them to `load_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import mmap
@@ -41,7 +42,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 import torch
 
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint import memdir, reader
+from resctl.checkpoint import memdir, reader, upload
 from resctl.checkpoint import state as st
 from resctl.checkpoint.errors import CheckpointMismatch
 from resctl.telemetry.events import NULL_LOG, EventLog
@@ -142,6 +143,9 @@ class Verified:
     manifest: fmt.Manifest
     meta: dict[str, Any]
     data: mmap.mmap | None
+    #: The snapshot's tensors, already on their devices (a CUDA state with room for them: the
+    #: checksum was computed while they were uploaded), in manifest order; None: `restore` copies.
+    staged: list[torch.Tensor] | None = None
 
 
 class _Slot:
@@ -159,6 +163,10 @@ class _Slot:
             return fmt.read_manifest(self.path / fmt.MANIFEST)
         except fmt.CorruptCheckpoint:
             return None
+
+    def ready(self, total: int, pin: bool) -> bool:
+        """Mapped for `total` bytes (and registered with CUDA if `pin`) already."""
+        return self._view is not None and self._size == total and (self._pinned or not pin or total == 0)
 
     def invalidate(self) -> None:
         """Remove the manifest: from now on the slot is incomplete (never offered to a load)."""
@@ -251,6 +259,7 @@ class MemoryTier:
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="resctl-mem")
         self._crc_pool = ThreadPoolExecutor(THREADS, thread_name_prefix="resctl-mem-crc")
         self._commit: Future[None] | None = None
+        self._warming: Future[None] | None = None  # slots being mapped and pinned in the background
         self._pins: list[Future[Any] | None] = [None] * memdir.SLOTS
         self._last: int | None = None  # the slot written last (the next snapshot goes to the other)
         self._stream: Any = None  # CUDA stream of the background device-to-host copies
@@ -271,6 +280,7 @@ class MemoryTier:
         background commit copies that to the slot: the loop is blocked for a device-to-device copy."""
         t0 = time.monotonic()
         self._wait_commit()
+        self._wait_warm()
         k = self._target()
         pin = self._pins[k]
         if pin is not None:
@@ -284,14 +294,40 @@ class MemoryTier:
         slot = self._slots[k]
         slot.invalidate()
         self._last = k
-        cuda = any(t.is_cuda for t in tensors)
-        view = slot.buffer(total, pin=cuda)
+        cuda = next((t.device for t in tensors if t.is_cuda), None)
+        view = slot.buffer(total, pin=cuda is not None)
         staged = stage(tensors, total, None) if on_device and cuda else stage(tensors, total, view)
         snap = Snapshot(step, k, view, specs, total, structure_meta)
         staged_at = time.monotonic()
         device = staged if staged.is_cuda else None
         snap.ready = self._commit = self._exec.submit(self._commit_slot, snap, device, staged_at, staged_at - t0, waited)
+        self.warm(total, cuda)  # the other slot, before the next snapshot needs it
         return snap, waited
+
+    def warm(self, total: int, device: "torch.device | bool | None") -> None:
+        """Map both slots for a `total`-byte stream, registered with CUDA when `device` is (a CUDA
+        device or True for the current one), in the background: the first snapshot into a slot would
+        otherwise block the loop for it (seconds for GBs: allocating and pinning). The next `save`
+        waits for what is left of it."""
+        pin = device is not None and device is not False
+        if all(s.ready(total, pin) for s in self._slots):
+            return
+        where = device if isinstance(device, torch.device) else None
+
+        def job() -> None:
+            with torch.cuda.device(where) if where is not None else contextlib.nullcontext():
+                for slot in self._slots:
+                    slot.buffer(total, pin=pin)
+
+        self._warming = self._exec.submit(job)
+
+    def _wait_warm(self) -> None:
+        fut, self._warming = self._warming, None
+        if fut is not None:
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - the slot is mapped inline by the save, which reports a failure
+                log.debug("warming the memory-tier slots failed", exc_info=True)
 
     def pin(self, slot: int, fut: Future[Any]) -> None:
         """A disk write reads slot `slot` until `fut` is done: the snapshot after next waits for it."""
@@ -336,8 +372,10 @@ class MemoryTier:
             fut.result()
 
     def wait(self) -> None:
-        """Block until the snapshot in flight is committed (raises its error if it failed)."""
+        """Block until the snapshot in flight is committed (raises its error if it failed) and the
+        slots are mapped."""
         self._wait_commit()
+        self._wait_warm()
 
     # --- loading -------------------------------------------------------------------------------
 
@@ -387,12 +425,20 @@ class MemoryTier:
         if problems:
             raise CheckpointMismatch(f"memory snapshot step {step} does not fit the state: " + "; ".join(problems[:5]))
         data = _map_snapshot(path / DATA, manifest.stream_bytes)
-        got = checksum_of(memoryview(data), self._crc_pool) if data is not None else checksum(b"")
+        devices = _upload_devices(meta["entries"], manifest.tensors, current)
+        staged: list[torch.Tensor] | None = None
+        if data is None:
+            got = checksum(b"")
+        elif devices is not None:
+            got, staged = upload.upload(_bytes_of(data), manifest.tensors, devices, checksum=checksum, combine=combine,
+                                        pool=self._crc_pool, threads=THREADS, populate=_populator(data))
+        else:
+            got = checksum_of(memoryview(data), self._crc_pool)
         if got != manifest.files[DATA].crc32:
             if data is not None:
                 data.close()
             raise fmt.CorruptCheckpoint(f"memory slot {path}: {DATA} checksum mismatch")
-        return Verified(step, slot, manifest, meta, data)
+        return Verified(step, slot, manifest, meta, data, staged)
 
     def restore(self, v: Verified, state: MutableMapping[str, Any]) -> None:
         """Put a verified snapshot into `state`, then `load_state_dict` as a disk load does.
@@ -402,7 +448,18 @@ class MemoryTier:
         and faulting in fresh pages costs more than the copy; on the CPU it becomes a view of the
         snapshot's own shared pages instead (zero copy), and the slot is *detached*: its files are
         removed so no later snapshot writes into the live state, and a replacement is allocated in
-        the background. On CUDA such tensors are allocated on the state's device and copied."""
+        the background. On CUDA such tensors are allocated on the state's device and copied.
+
+        A snapshot `verify` already uploaded (`Verified.staged`) is handed over as it is: the slot
+        stays intact for a later restart."""
+        self._wait_warm()  # a slot may be being mapped in the background
+        if v.staged is not None:
+            st.restore(state, st.unflatten(v.meta["entries"], v.staged), list(v.meta["stateful"]))
+            self._last = v.slot
+            if v.data is not None:
+                v.data.close()
+            self.warm(v.manifest.stream_bytes, next((t.device for t in v.staged if t.is_cuda), None))
+            return
         current, _ = st.snapshot_entries(state)
         targets: dict[int, torch.Tensor] = {}
         _pair(v.meta["entries"], current, targets)
@@ -458,6 +515,7 @@ class MemoryTier:
             self._wait_commit()
         except Exception:  # noqa: BLE001 - an uncommitted snapshot has no manifest: never offered
             log.warning("memory snapshot commit failed", exc_info=True)
+        self._wait_warm()
         self._exec.shutdown(wait=True)
         self._crc_pool.shutdown(wait=True)
         for slot in self._slots:
@@ -544,3 +602,45 @@ def _world_size() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+#: Device memory left free after an upload-verify (allocator slack, the step's activations).
+UPLOAD_HEADROOM = 512 << 20
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
+
+
+def _upload_devices(saved: Any, specs: tuple[fmt.TensorSpec, ...], current: Mapping[str, Any]) -> list[torch.device] | None:
+    """Where each snapshot tensor goes when `verify` uploads while it checksums: the device of the
+    state's tensor at the same place, else the state's device (scalars, e.g. an optimizer's step
+    count, stay on the CPU); None when the state is not on CUDA or its device lacks the room."""
+    home = _home_device(current)
+    if home.type != "cuda":
+        return None
+    targets: dict[int, torch.Tensor] = {}
+    _pair(saved, current, targets)
+    devices = []
+    for i, spec in enumerate(specs):
+        t = targets.get(i)
+        devices.append(t.device if t is not None else torch.device("cpu") if len(spec.shape) == 0 else home)
+    need: dict[torch.device, int] = {}
+    for d, spec in zip(devices, specs):
+        if d.type == "cuda":
+            need[d] = need.get(d, 0) + spec.nbytes
+    for d, nbytes in need.items():
+        free, _ = torch.cuda.mem_get_info(d)
+        if free < nbytes + UPLOAD_HEADROOM:
+            log.info("memory-tier restore: %.2f GB free on %s, %.2f GB needed to upload while verifying; "
+                     "verifying first, then copying", free / 1e9, d, nbytes / 1e9)
+            return None
+    return devices
+
+
+def _populator(data: mmap.mmap) -> upload.PopulateFn | None:
+    """Fault a part of the mapping in with one call (MADV_POPULATE_READ) instead of a page fault per
+    page; a kernel without it (before 5.14) faults on first touch as before."""
+    def populate(lo: int, nbytes: int) -> None:
+        try:
+            data.madvise(MADV_POPULATE_READ, lo, nbytes)
+        except (OSError, ValueError):
+            pass
+    return populate

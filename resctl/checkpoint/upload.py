@@ -1,0 +1,144 @@
+"""A memory snapshot's stream checksummed and copied into new tensors in one pass.
+
+A restarted worker on a GPU restores its snapshot from host shared memory. A copy out of that
+pageable mapping runs at a fraction of the host-to-device link's speed, and checksumming the
+mapping first reads every byte twice. `upload` does both at once: `threads` workers each take every
+`threads`-th `chunk` of the stream, fault it in (`populate`), copy it into one of two pinned bounce
+buffers, checksum it there, and send the pieces that belong to tensors on to their destinations (on
+the worker's own CUDA stream) while the next chunk is read. The destinations are new tensors, so the
+caller's state is untouched until it has compared the checksum (`memory.MemoryTier.verify`).
+
+The planning (`pieces`) is pure; `upload` also runs with CPU destinations only (no CUDA), which is
+how the tests check it here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from resctl.checkpoint import format as fmt
+
+#: (bytes, running value) -> checksum; and (crc(A), crc(B), len(B)) -> crc(A + B).
+ChecksumFn = Callable[..., int]
+CombineFn = Callable[[int, int, int], int]
+PopulateFn = Callable[[int, int], None]
+
+CHUNK = 16 << 20  # bytes per bounce buffer: 2 per worker, pinned when any destination is on CUDA
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes [src, src + nbytes) of the stream go to bytes [dst, dst + nbytes) of tensor `index`."""
+
+    index: int
+    dst: int
+    src: int
+    nbytes: int
+
+
+def pieces(specs: Sequence[fmt.TensorSpec], lo: int, hi: int, starts: Sequence[int] | None = None) -> list[Piece]:
+    """The parts of the stream range [lo, hi) that belong to tensors (padding belongs to none).
+    `starts`: the specs' offsets (sorted, as `plan_stream` lays them out), precomputed by the caller."""
+    starts = [s.offset for s in specs] if starts is None else starts
+    out: list[Piece] = []
+    i = max(0, bisect.bisect_right(starts, lo) - 1)
+    while i < len(specs) and specs[i].offset < hi:
+        spec = specs[i]
+        a, b = max(lo, spec.offset), min(hi, spec.offset + spec.nbytes)
+        if b > a:
+            out.append(Piece(i, a - spec.offset, a, b - a))
+        i += 1
+    return out
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def upload(src: torch.Tensor, specs: Sequence[fmt.TensorSpec], devices: Sequence[torch.device], *,
+           checksum: ChecksumFn, combine: CombineFn, pool: ThreadPoolExecutor | None = None, threads: int = 1,
+           chunk: int = CHUNK, populate: PopulateFn | None = None) -> tuple[int, list[torch.Tensor]]:
+    """Checksum the whole of `src` (a CPU uint8 stream) and copy each spec's bytes into a new tensor
+    on `devices[i]`; return (checksum, tensors). Work runs on `pool` (`threads` parts; inline when
+    no pool). Returns once every copy has completed."""
+    total = src.numel()
+    outs = [torch.empty(s.shape, dtype=fmt.dtype_from_name(s.dtype), device=d) for s, d in zip(specs, devices)]
+    flats = [_flat_bytes(t) if t.numel() else None for t in outs]
+    starts = [s.offset for s in specs]
+    cuda = next((d for d in devices if d.type == "cuda"), None)
+    chunks = [(lo, min(total, lo + chunk)) for lo in range(0, total, chunk)]
+    parts = max(1, min(threads, len(chunks))) if pool is not None else 1
+
+    def work(part: int) -> list[tuple[int, int]]:
+        mine = chunks[part::parts]
+        with _Bounce(cuda, min(chunk, total)) as bounce:
+            crcs = []
+            for n, (lo, hi) in enumerate(mine):
+                buf = bounce.take(n % 2, hi - lo)
+                if populate is not None:
+                    populate(lo, hi - lo)
+                buf.copy_(src.narrow(0, lo, hi - lo))
+                crcs.append((lo, checksum(fmt.byte_view(buf))))
+                with bounce.on_stream():
+                    for p in pieces(specs, lo, hi, starts):
+                        dst = flats[p.index]
+                        assert dst is not None
+                        dst.narrow(0, p.dst, p.nbytes).copy_(buf.narrow(0, p.src - lo, p.nbytes), non_blocking=True)
+                bounce.sent(n % 2)
+            return crcs
+
+    if total == 0:
+        return checksum(b""), outs
+    if pool is None or parts == 1:
+        found = work(0)
+    else:
+        found = [c for got in pool.map(work, range(parts)) for c in got]
+    crc = None
+    for (lo, hi), (at, part_crc) in zip(chunks, sorted(found)):
+        assert lo == at
+        crc = part_crc if crc is None else combine(crc, part_crc, hi - lo)
+    assert crc is not None
+    return crc, outs
+
+
+class _Bounce:
+    """Two bounce buffers of one worker (pinned, with a CUDA stream and an event each, when there
+    is a CUDA destination); a buffer is refilled only after the copies out of it completed."""
+
+    def __init__(self, device: torch.device | None, size: int) -> None:
+        self.device = device
+        pinned = device is not None
+        self.bufs = [torch.empty(size, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
+        self.stream = torch.cuda.Stream(device) if device is not None else None
+        self.events: list[torch.cuda.Event | None] = [None, None]
+
+    def __enter__(self) -> "_Bounce":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def take(self, k: int, nbytes: int) -> torch.Tensor:
+        event = self.events[k]
+        if event is not None:
+            event.synchronize()
+        return self.bufs[k].narrow(0, 0, nbytes)
+
+    @contextlib.contextmanager
+    def on_stream(self) -> Iterator[None]:
+        if self.stream is None:
+            yield
+            return
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def sent(self, k: int) -> None:
+        if self.stream is not None:
+            self.events[k] = self.stream.record_event()
