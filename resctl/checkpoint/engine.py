@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, MutableMapping
 import torch
 
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint import memdir, reader, sharded
+from resctl.checkpoint import memdir, reader, replica, sharded
 from resctl.checkpoint import state as st
 from resctl.checkpoint.errors import CheckpointError, CheckpointMismatch, SaveFailuresExceeded
 from resctl.checkpoint.owner import Ownership
@@ -98,6 +98,9 @@ class Checkpointer:
             outlives the process (`resctl.checkpoint.memory`; 0: off). `load` then restores the
             newest snapshot every rank holds when it is at least as new as the newest disk
             checkpoint, and a disk save of the same step is written from the snapshot.
+        memory_replicate: also copy each snapshot to the buddy node's replica server (the one
+            `resctl run` starts; `resctl.checkpoint.replica`) and, when this node's memory has no
+            usable snapshot, restore from the buddy's copy before falling back to disk.
     """
 
     def __init__(
@@ -118,12 +121,14 @@ class Checkpointer:
         run_id: str | None = None,
         exclusive: bool = True,
         memory_every: int = 0,
+        memory_replicate: bool = False,
     ) -> None:
         if interval_steps < 1 or keep_last < 1 or writers < 1 or max_failed_saves < 1:
             raise ValueError("interval_steps, keep_last, writers and max_failed_saves must be >= 1")
         if memory_every < 0:
             raise ValueError("memory_every must be >= 0 (0: no memory tier)")
         self.memory_every = memory_every
+        self.memory_replicate = memory_replicate
         if memory_every:
             import resctl.checkpoint.memory  # noqa: F401 - imported now, not inside a restart's load
         self._memory: MemoryTier | None = None
@@ -194,6 +199,7 @@ class Checkpointer:
             recycle=section.recycle,
             max_failed_saves=section.max_failed_saves,
             memory_every=section.memory_every,
+            memory_replicate=section.memory_replicate,
         )
         args.update(kw)
         return cls(**args)
@@ -800,21 +806,26 @@ class Checkpointer:
 
     def _load_memory(self, state: MutableMapping[str, Any], newest_disk: int, distributed: bool) -> int:
         """Restore the newest memory snapshot every rank holds and verifies, if it is at least as
-        new as `newest_disk`; return its step (0: none, load from disk). Collective when distributed."""
+        new as `newest_disk`; return its step (0: none, load from disk). A rank holds a step in
+        its own node's memory or, with replication, in the buddy node's (fetched back over the
+        network into a local slot, then verified the same way). Collective when distributed."""
         tier = self.memory_tier()
         t0 = time.monotonic()
+        replicated = self.memory_replicate and distributed
+        if replicated:  # every rank takes part, so that the collectives match
+            addr = _buddy_addr(os.environ.get(replica.ADDR_ENV, ""))
+            if tier is not None:
+                tier.replicate_to(addr)
         # A rank whose tier is off still takes part in the collectives (with no snapshots).
         local = tier.steps(self.world_size) if tier is not None else {}
-        steps = _common_steps(sorted(local, reverse=True)) if distributed else sorted(local, reverse=True)
+        remote = tier.buddy_steps(self.world_size) if tier is not None and replicated else set()
+        mine = sorted(set(local) | remote, reverse=True)
+        width = 2 * memdir.SLOTS if replicated else memdir.SLOTS
+        steps = _common_steps(mine, width) if distributed else mine
         for step in steps:
             if step < newest_disk:
                 break
-            verified, problem = None, None
-            try:
-                assert tier is not None  # a rank without a tier has no steps, so none are common
-                verified = tier.verify(step, local[step], state)
-            except Exception as err:  # noqa: BLE001 - any failure means: not this snapshot
-                problem = err
+            verified, source, problem = self._verify_memory(tier, step, local, remote, state)
             verdict = _OK if verified is not None else _SKIP
             if distributed:
                 verdict = _min_over_ranks(verdict)
@@ -828,10 +839,30 @@ class Checkpointer:
             assert verified is not None and tier is not None
             tier.restore(verified, state)
             tier.forget_newer(step)
-            self.events.emit("ckpt_load", step=step, tier="memory", seconds=round(time.monotonic() - t0, 6),
+            self.events.emit("ckpt_load", step=step, tier=source, seconds=round(time.monotonic() - t0, 6),
                              bytes=verified.manifest.stream_bytes)
             return step
         return 0
+
+    @staticmethod
+    def _verify_memory(tier: "MemoryTier | None", step: int, local: dict[int, int], remote: set[int],
+                       state: MutableMapping[str, Any]) -> tuple[Any, str, Exception | None]:
+        """(verified snapshot or None, "memory" or "buddy", the problem): this node's slot first,
+        then the buddy's copy fetched back into a local slot."""
+        problem: Exception | None = None
+        if tier is None:
+            return None, "memory", None  # a rank without a tier has no steps, so none are common
+        if step in local:
+            try:
+                return tier.verify(step, local[step], state), "memory", None
+            except Exception as err:  # noqa: BLE001 - any failure means: not this copy
+                problem = err
+        if step in remote:
+            try:
+                return tier.verify(step, tier.fetch(step), state), "buddy", None
+            except Exception as err:  # noqa: BLE001
+                problem = err
+        return None, "memory", problem
 
     def _load_disk(self, state: MutableMapping[str, Any], candidates: list[tuple[int, Path]], distributed: bool) -> int:
         for step, path in candidates:
@@ -925,11 +956,11 @@ def _broadcast_steps(steps: list[int]) -> list[int]:
     return [int(s) for s in buf.tolist()]
 
 
-def _common_steps(local: list[int]) -> list[int]:
-    """The steps every rank has, newest first (each rank gives at most `memdir.SLOTS`)."""
+def _common_steps(local: list[int], width: int = memdir.SLOTS) -> list[int]:
+    """The steps every rank has, newest first (each rank gives at most `width`, the same on all)."""
     dev = _collective_device()
-    mine = torch.full((memdir.SLOTS,), -1, dtype=torch.int64, device=dev)
-    for i, s in enumerate(local[: memdir.SLOTS]):
+    mine = torch.full((width,), -1, dtype=torch.int64, device=dev)
+    for i, s in enumerate(local[:width]):
         mine[i] = s
     every = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(every, mine)
@@ -937,6 +968,31 @@ def _common_steps(local: list[int]) -> list[int]:
     for other in every:
         common &= {int(s) for s in other.tolist() if s >= 0}
     return sorted(common, reverse=True)
+
+
+ADDR_BYTES = 256
+
+
+def _buddy_addr(own: str) -> str | None:
+    """The replica server of this node's buddy (`replica.buddy`), from an all-gather of every
+    rank's node (torchelastic's GROUP_RANK) and its node's server address; None if there is none."""
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    raw = own.encode()[:ADDR_BYTES]
+    dev = _collective_device()
+    mine = torch.zeros(1 + ADDR_BYTES, dtype=torch.int64, device=dev)
+    mine[0] = node
+    if raw:
+        mine[1 : 1 + len(raw)] = torch.tensor(list(raw), dtype=torch.int64)
+    every = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(every, mine)
+    addrs: dict[int, str] = {}
+    for row in every:
+        values = row.tolist()
+        text = bytes(v for v in values[1:] if v).decode(errors="replace")
+        if text:
+            addrs.setdefault(int(values[0]), text)
+    target = replica.buddy(node, [int(row[0].item()) for row in every])
+    return addrs.get(target) if target is not None else None
 
 
 def _min_over_ranks(value: int) -> int:

@@ -7,6 +7,8 @@ but not the node)::
     /dev/shm/resctl-<job>/          <job>: the run id (TORCHELASTIC_RUN_ID), else a hash of checkpoint.dir
       rank-<R>/slot-0/ slot-1/      two checkpoint directories in the disk format (data-0.bin,
                                     meta.pt, manifest.json written last), see resctl.checkpoint.memory
+      replica/rank-<R>/slot-0|1/    the buddy copies of another node's ranks, kept by this node's
+                                    replica server (resctl.checkpoint.replica), same format
 
 Lifecycle: every worker that finishes its script cleanly removes its own `rank-<R>` (and the job
 directory once empty); `resctl run` removes the whole job directory of its node when the launcher
@@ -48,6 +50,11 @@ def job_dir(key: str, root: Path | None = None) -> Path:
 
 def rank_dir(key: str, rank: int, root: Path | None = None) -> Path:
     return job_dir(key, root) / f"rank-{rank}"
+
+
+def replica_dir(key: str, rank: int, root: Path | None = None) -> Path:
+    """Where this node's replica server keeps the buddy copies of `rank`'s snapshots."""
+    return job_dir(key, root) / "replica" / f"rank-{rank}"
 
 
 def release_job(run_id: str, root: Path | None = None) -> bool:

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import mmap
 import os
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,27 +42,12 @@ from typing import Any, Callable, Mapping, MutableMapping
 import torch
 
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint import memdir, reader, upload
+from resctl.checkpoint import memdir, reader, replica, upload
 from resctl.checkpoint import state as st
+from resctl.checkpoint.crc import CHECKSUM, POLY, checksum
 from resctl.checkpoint.errors import CheckpointMismatch
+from resctl.checkpoint.replica import Replicator
 from resctl.telemetry.events import NULL_LOG, EventLog
-
-try:  # hardware CRC32C: verification at memory speed
-    import crc32c as _crc32c
-
-    CHECKSUM = "crc32c"
-    POLY = 0x82F63B78  # reflected Castagnoli polynomial
-
-    def checksum(data: Any, value: int = 0) -> int:
-        return int(_crc32c.crc32c(data, value))
-
-except ImportError:  # pragma: no cover - crc32c is a dependency; zlib is the fallback
-    CHECKSUM = "crc32"
-    POLY = 0xEDB88320
-
-    def checksum(data: Any, value: int = 0) -> int:
-        return zlib.crc32(data, value)
-
 
 log = logging.getLogger("resctl.checkpoint.memory")
 DATA = "data-0.bin"
@@ -265,6 +250,8 @@ class MemoryTier:
         self._stream: Any = None  # CUDA stream of the background device-to-host copies
         #: Why the tier was turned off in this process (a failed snapshot), or None.
         self.disabled: str | None = None
+        #: Sends committed snapshots to the buddy node (`replicate_to`); None: not replicated.
+        self.replicator: Replicator | None = None
 
     # --- saving --------------------------------------------------------------------------------
 
@@ -281,18 +268,10 @@ class MemoryTier:
         t0 = time.monotonic()
         self._wait_commit()
         self._wait_warm()
-        k = self._target()
-        pin = self._pins[k]
-        if pin is not None:
-            try:
-                pin.result()  # a disk write from this slot: it must finish reading first
-            except Exception:  # noqa: BLE001 - reported by the engine's failed-save policy
-                pass
-            self._pins[k] = None
+        k = self._claim()
         waited = time.monotonic() - t0
         specs, total = fmt.plan_stream(tensors)
         slot = self._slots[k]
-        slot.invalidate()
         self._last = k
         cuda = next((t.device for t in tensors if t.is_cuda), None)
         view = slot.buffer(total, pin=cuda is not None)
@@ -333,6 +312,40 @@ class MemoryTier:
         """A disk write reads slot `slot` until `fut` is done: the snapshot after next waits for it."""
         self._pins[slot] = fut
 
+    def _claim(self) -> int:
+        """The slot the next snapshot goes to, its manifest already removed: the one not holding
+        the newest snapshot, unless the replicator is sending that one to the buddy; then the
+        newest's slot is overwritten instead (the snapshot being sent stays complete, and is what a
+        kill during this copy falls back to). Waits for a disk write still reading the slot."""
+        rep = self.replicator
+        k = self._target()
+        if rep is not None:
+            with rep.lock:
+                if rep.reading == k and self._last is not None and self._last != k:
+                    k = self._last
+        pin = self._pins[k]
+        if pin is not None:
+            try:
+                pin.result()  # a disk write from this slot: it must finish reading first
+            except Exception:  # noqa: BLE001 - reported by the engine's failed-save policy
+                pass
+            self._pins[k] = None
+        while rep is not None:
+            with rep.lock:
+                if rep.reading != k:
+                    break
+            rep.cancel()  # rare: the sender moved onto this slot while a disk write held it
+            rep.wait_idle(1.0)
+        self._invalidate(k)
+        return k
+
+    def _invalidate(self, k: int) -> None:
+        if self.replicator is None:
+            self._slots[k].invalidate()
+            return
+        with self.replicator.lock:  # a send starts only on a slot that still has its manifest
+            self._slots[k].invalidate()
+
     def _target(self) -> int:
         if self._last is None:
             newest = self.newest()
@@ -363,6 +376,8 @@ class MemoryTier:
         tmp = slot.path / f".{fmt.MANIFEST}.tmp"
         fmt.write_manifest(tmp, manifest, durable=False)
         os.rename(tmp, slot.path / fmt.MANIFEST)  # the commit point
+        if self.replicator is not None:
+            self.replicator.offer(snap.step, snap.slot)
         self.events.emit("ckpt_mem", step=snap.step, seconds=round(blocked, 6), waited=round(waited, 6),
                          commit=round(time.monotonic() - staged_at, 6), bytes=snap.total)
 
@@ -506,6 +521,61 @@ class MemoryTier:
                 slot.invalidate()
         newest = self.newest()
         self._last = newest[1] if newest else None
+        if self.replicator is not None:
+            try:
+                replica.forget(self.replicator.addr, self.key, self.rank, step)
+            except (replica.WireError, OSError) as err:
+                log.warning("could not drop the buddy's memory snapshots newer than step %d: %s", step, err)
+
+    # --- the buddy node's copies (resctl.checkpoint.replica) ------------------------------------
+
+    def replicate_to(self, addr: str | None) -> None:
+        """From now on send each committed snapshot to the replica server at `addr` (None: stop)."""
+        if self.replicator is not None and self.replicator.addr == addr:
+            return
+        if self.replicator is not None:
+            self.replicator.close()
+            self.replicator = None
+        if addr:
+            self.replicator = Replicator(addr, self.key, self.rank, [s.path for s in self._slots], self.events.emit)
+
+    def buddy_steps(self, world_size: int) -> set[int]:
+        """The steps of this rank's snapshots the buddy holds (same world size and run); empty if
+        there is no buddy or it cannot be reached."""
+        if self.replicator is None:
+            return set()
+        try:
+            held = replica.listing(self.replicator.addr, self.key, self.rank)
+        except (replica.WireError, OSError) as err:
+            log.warning("the buddy node's memory snapshots are out of reach (%s): %s", self.replicator.addr, err)
+            return set()
+        found = set()
+        for p in held:
+            try:
+                body = json.loads(p.manifest)["body"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if body.get("world_size") == world_size and (not self.run_id or body.get("run_id") in ("", None, self.run_id)):
+                found.add(p.step)
+        return found
+
+    def fetch(self, step: int) -> int:
+        """Copy this rank's snapshot of `step` back from the buddy into a local slot (the one not
+        holding the newest local snapshot); return the slot, to `verify` and `restore` as usual."""
+        assert self.replicator is not None
+        newest = self.newest()
+        k = (newest[1] + 1) % memdir.SLOTS if newest else 0
+        pin, self._pins[k] = self._pins[k], None
+        if pin is not None:
+            try:
+                pin.result()
+            except Exception:  # noqa: BLE001 - reported by the engine's failed-save policy
+                pass
+        slot = self._slots[k]
+        with self.replicator.lock:
+            slot.detach()  # new files: no mapping of this process sees the bytes change
+        replica.fetch(self.replicator.addr, self.key, self.rank, step, slot.path)
+        return k
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -516,6 +586,9 @@ class MemoryTier:
         except Exception:  # noqa: BLE001 - an uncommitted snapshot has no manifest: never offered
             log.warning("memory snapshot commit failed", exc_info=True)
         self._wait_warm()
+        if self.replicator is not None:
+            self.replicator.close()
+            self.replicator = None
         self._exec.shutdown(wait=True)
         self._crc_pool.shutdown(wait=True)
         for slot in self._slots:

@@ -14,12 +14,15 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from resctl.errors import LaunchError, UsageError
 from resctl.launch import rendezvous, stop
 from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan, restart_policy
 from resctl.profile.load import Layer, Resolved, resolve
+
+if TYPE_CHECKING:
+    from resctl.checkpoint.replica import ReplicaServer
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -112,6 +115,28 @@ def serve_metrics(launch_plan: LaunchPlan) -> str:
     return f"[{host}]:{server.server_port}" if ":" in host else f"{host}:{server.server_port}"
 
 
+def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callable[[str], None]) -> "ReplicaServer | None":
+    """Start this node's memory-tier replica server when the plan replicates (the workers find it in
+    `RESCTL_REPLICA_ADDR`, added to `env`); it lives as long as this process, across worker restarts."""
+    if launch_plan.replica_port is None:
+        return None
+    from resctl.checkpoint import memdir, replica
+
+    key = memdir.job_key(launch_plan.run_id, "")
+    try:
+        server = replica.ReplicaServer(key, launch_plan.replica_port)
+    except OSError as err:
+        raise UsageError(
+            f"checkpoint.memory_replicate_port = {launch_plan.replica_port}: cannot listen on it: "
+            f"{err.strerror or err}; pick a free port, 0 for any free port, or set checkpoint.memory_replicate = false"
+        ) from None
+    addr = replica.format_addr(replica.advertised_host(launch_plan.rendezvous.endpoint), server.port)
+    env[replica.ADDR_ENV] = addr
+    if os.environ.get("RESCTL_VERBOSE") == "1":
+        on_event(f"resctl: memory replica server on {addr}")
+    return server
+
+
 def exit_code(code: int, received: Sequence[int]) -> int:
     """What `resctl run` exits with: the launcher's code, or 128+N when signal N stopped the job.
 
@@ -137,6 +162,7 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     if launch_plan.metrics_port is not None:
         on_event(f"resctl: metrics on http://{serve_metrics(launch_plan)}/metrics")
     env = {**os.environ, **launch_plan.env}
+    replica_server = serve_replica(launch_plan, env, on_event)
     received: list[int] = []
     children: list[subprocess.Popen[bytes]] = []
 
@@ -159,6 +185,8 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if replica_server is not None:
+            replica_server.close()
     code = exit_code(launcher_code, received)
     from resctl.checkpoint import memdir
 

@@ -17,7 +17,7 @@ from resctl.errors import UsageError
 from resctl.launch.rendezvous import Rendezvous
 from resctl.launch import nvrx_flags
 from resctl.profile.load import Resolved
-from resctl.profile.schema import Profile
+from resctl.profile.schema import Profile, nnodes_range
 from resctl.redact import redact_argv, redact_rdzv_conf
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
@@ -56,6 +56,9 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     metrics_port: int | None = None  # served by the resctl process, not passed to the launcher
     metrics_addr: str = "0.0.0.0"
+    #: The memory tier's replica server (checkpoint.memory_replicate): its port (0: any free), started by
+    #: the resctl process like the metrics endpoint; None: not replicated (off, or a single node).
+    replica_port: int | None = None
     origins: dict[str, str] = field(default_factory=dict)  # "launch.run_dir" -> where its value came from
     layers: list[str] = field(default_factory=list)  # which recovery layers are on, and why (--dry-run)
 
@@ -268,12 +271,26 @@ def plan(
     if launch.metrics_port is not None:
         settings.append(("(resctl) metrics port", str(launch.metrics_port), src("launch.metrics_port")))
         settings.append(("(resctl) metrics address", launch.metrics_addr, src("launch.metrics_addr")))
+    replica_port = _replica_port(p, rendezvous)
+    if replica_port is not None:
+        settings.append(("(resctl) memory replica port", str(replica_port) if replica_port else "any free",
+                         src("checkpoint.memory_replicate_port")))
     # ft_launcher checks-then-creates its log dir: nodes sharing a run dir would race on it.
     dirs = [run_dir, log_dir]
     origins = {key: src(key) for key in ("launch.run_dir", "launch.log_dir", "launch.metrics_port", "launch.metrics_addr")}
     return LaunchPlan(args, env, files, dirs, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
                       metrics_port=launch.metrics_port, metrics_addr=launch.metrics_addr, origins=origins,
-                      layers=recovery_layers(p, series, fork_workers))
+                      layers=recovery_layers(p, series, fork_workers), replica_port=replica_port)
+
+
+def _replica_port(p: Profile, rendezvous: Rendezvous) -> int | None:
+    """The replica server's port when the memory tier is replicated: memory_every > 0,
+    memory_replicate on, and possibly more than one node."""
+    ck = p.checkpoint
+    nnodes = rendezvous.nnodes or p.launch.nnodes
+    if not ck.memory_every or not ck.memory_replicate or nnodes_range(nnodes)[1] < 2:
+        return None
+    return ck.memory_replicate_port
 
 
 def recovery_layers(p: Profile, series: str, fork_workers: bool) -> list[str]:

@@ -358,6 +358,15 @@ class Checkpoint(Section):
         "outlives a killed worker; a restart restores from it when it is newer than the disk (0: off). Needs 2x the "
         "state per rank in /dev/shm.",
     )
+    memory_replicate: bool = Field(
+        True, description="With memory_every > 0 and more than one node: also copy each node's newest memory snapshot "
+        "into the host memory of a buddy node (the next node rank) over the job's network, so a lost node restores "
+        "from its buddy instead of the disk. Needs 2x the state per rank in the buddy's /dev/shm too.",
+    )
+    memory_replicate_port: int = Field(
+        0, ge=0, le=65535, description="TCP port of each node's replica server (started by resctl run; its address "
+        "goes to the workers in RESCTL_REPLICA_ADDR); 0: any free port. Open it between nodes.",
+    )
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are pruned after a newer one lands.")
     writers: int = Field(4, ge=1, le=64, description="Parallel writer threads per rank.")
     stage: Literal["host", "device"] = Field(

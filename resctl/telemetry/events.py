@@ -115,14 +115,27 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("commit", "float", "s", "copied to committed (checksum, manifest) in the background", optional=True),
         Field("bytes", "int", "B", "bytes of the snapshot", optional=True),
     ), "resctl.checkpoint.memory"),
+    Kind("ckpt_replica", "a memory-tier snapshot was copied whole into the buddy node's host memory", (
+        Field("step", "int", "step", "training step the snapshot holds"),
+        Field("seconds", "float", "s", "time of the transfer, in the background (training did not wait)"),
+        Field("bytes", "int", "B", "bytes of the snapshot's data"),
+        Field("buddy", "str", "", "the buddy node's replica server (host:port)"),
+    ), "resctl.checkpoint.replica"),
+    Kind("ckpt_replica_fail", "a copy to the buddy node failed (said once per kind of failure; the next snapshot "
+         "tries again)", (
+        Field("step", "int", "step", "training step of the snapshot that was not copied"),
+        Field("buddy", "str", "", "the buddy node's replica server (host:port)"),
+        Field("error", "str", "", "the error"),
+    ), "resctl.checkpoint.replica"),
     Kind("ckpt_mem_off", "the memory tier failed and this process stopped taking memory snapshots", (
         Field("error", "str", "", "the error (e.g. /dev/shm full)"),
     ), "resctl.checkpoint.engine"),
     Kind("ckpt_load", "load restored a checkpoint, from one tier", (
         Field("step", "int", "step", "the restored step"),
-        Field("tier", "str", "", "memory (this node's shared memory) or disk"),
+        Field("tier", "str", "", "memory (this node's shared memory), buddy (the copy in the buddy node's memory, "
+              "fetched back over the network) or disk"),
         Field("seconds", "float", "s", "time from choosing the tier to the state restored"),
-        Field("bytes", "int", "B", "bytes restored (memory tier)", optional=True),
+        Field("bytes", "int", "B", "bytes restored (memory and buddy tiers)", optional=True),
     ), "resctl.checkpoint.engine"),
     Kind("snapshot", "the script's own torch.save to a file returned (zero-edit snapshot)", (
         Field("step", "int", "step", "optimizer steps made when torch.save was called", optional=True),

@@ -92,7 +92,7 @@ class Recovery:
     resumed_step: int
     rollback_steps: int
     injected: bool
-    tier: str | None = None  # where the resumed state came from: memory, disk (ckpt_load), None: unknown
+    tier: str | None = None  # where the resumed state came from (ckpt_load): memory, buddy, disk; "+" joins several
 
 
 @dataclass(frozen=True)

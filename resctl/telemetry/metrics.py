@@ -211,7 +211,7 @@ class RunCollector:
             restarts.add_metric([layer, cause], n)
         yield restarts
         by_tier = CounterMetricFamily("resctl_recoveries_by_tier", "Recoveries by where the resumed state came from "
-                                      "(memory, disk, none).", labels=["tier"])
+                                      "(memory, buddy, disk, several joined by +, none).", labels=["tier"])
         for tier, n in sorted(v["tiers"].items()):
             by_tier.add_metric([tier], n)
         yield by_tier

@@ -1,0 +1,265 @@
+"""Memory-tier replication (resctl.checkpoint.replica, replica_wire): the wire format refuses every
+damaged or cut transfer, a real server on loopback keeps double-buffered copies, and a node that lost
+its memory restores its snapshot from the buddy's copy bitwise.
+
+Two "nodes" here are two shared-memory roots in one process (a lost node = an empty root); the
+multi-host test (tests/integration/test_multihost.py) does it with network namespaces.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from resctl.checkpoint import crc, memdir, memory, replica
+from resctl.checkpoint import format as fmt
+from resctl.checkpoint import replica_wire as wire
+from resctl.checkpoint.engine import Checkpointer
+from resctl.telemetry.events import EventLog, read_events
+from tests.unit.test_checkpoint import _assert_same, _fresh, _trained
+
+KEY = "run-r"
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> tuple[Path, Path]:
+    a, b = tmp_path / "shm-a", tmp_path / "shm-b"
+    a.mkdir()
+    b.mkdir()
+    return a, b
+
+
+@pytest.fixture
+def server(roots: tuple[Path, Path]) -> Iterator[replica.ReplicaServer]:
+    """Node b's replica server (it holds node a's copies)."""
+    srv = replica.ReplicaServer(KEY, 0, host="127.0.0.1", root=roots[1])
+    yield srv
+    srv.close()
+
+
+def _addr(srv: replica.ReplicaServer) -> str:
+    return f"127.0.0.1:{srv.port}"
+
+
+def _snapshots(root: Path, steps: range, rank: int = 0, events: EventLog | None = None,
+               addr: str | None = None) -> tuple[memory.MemoryTier, dict[str, Any]]:
+    """A memory tier on `root` that took a snapshot of a small model+AdamW at each of `steps`."""
+    c = Checkpointer(dir=root / "ck", interval_steps=10**6, memory_every=1, run_id=KEY, async_=False)
+    tier = memory.MemoryTier(KEY, rank, run_id=KEY, events=events, root=root)
+    tier.replicate_to(addr)
+    model, optim = _trained(seed=1, steps=1)
+    state = {"model": model, "optim": optim, "extra": {"note": "x"}}
+    for step in steps:
+        model(torch.randn(4, 16)).pow(2).mean().backward()
+        optim.step()
+        optim.zero_grad()
+        state["extra"] = {"note": "x", "step": step}
+        from resctl.checkpoint import state as st
+
+        entries, stateful = st.snapshot_entries(state)
+        tensors: list[torch.Tensor] = []
+        structure = st.flatten(entries, tensors, {})
+        meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
+        tier.save(tensors, meta, step, c._stage)
+        tier.wait()
+    c.close()
+    return tier, state
+
+
+def _newest_slot(root: Path, rank: int = 0) -> Path:
+    slots = [p for p in memdir.rank_dir(KEY, rank, root).glob("slot-*") if (p / fmt.MANIFEST).exists()]
+    return max(slots, key=lambda p: fmt.read_manifest(p / fmt.MANIFEST).step or 0)
+
+
+def test_the_wire_names_the_files_and_checksum_as_the_memory_tier_does() -> None:
+    assert (wire.DATA, wire.META, wire.MANIFEST) == (memory.DATA, fmt.META, fmt.MANIFEST)
+    assert crc.CHECKSUM == memory.CHECKSUM == "crc32c"
+
+
+def test_buddy_is_the_next_node_cyclically() -> None:
+    assert replica.buddy(0, [0, 0, 1, 1]) == 1 and replica.buddy(1, [1, 0]) == 0
+    assert replica.buddy(2, [0, 1, 2]) == 0 and replica.buddy(0, [0, 0]) is None
+
+
+# --- the wire format: damaged and cut transfers never commit --------------------------------------
+
+
+class _Conn:
+    """A connection that replays `data` and records what is sent back."""
+
+    def __init__(self, data: bytes) -> None:
+        self._in = io.BytesIO(data)
+        self.sent = bytearray()
+
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
+        chunk = self._in.read(min(nbytes or len(buffer), 1 << 16))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+    def sendall(self, data: Any) -> None:
+        self.sent += bytes(data)
+
+    def settimeout(self, _t: float) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def put_stream(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The exact bytes a PUT of a real snapshot sends (frame, meta.pt, data-0.bin)."""
+    root = tmp_path_factory.mktemp("wire")
+    tier, _ = _snapshots(root, range(1, 3))
+    tier.close()
+    slot = _newest_slot(root)
+    payload = wire.slot_payload(slot)
+    assert payload is not None and payload.step == 2
+    frame = wire.encode(wire.PUT, {"job": KEY, "rank": 0, **payload.to_header()})
+    return frame + (slot / wire.META).read_bytes() + (slot / wire.DATA).read_bytes()
+
+
+def _serve(stream: bytes, root: Path) -> tuple[replica.ReplicaServer, _Conn]:
+    srv = replica.ReplicaServer.__new__(replica.ReplicaServer)  # the request logic, without a socket
+    srv.key, srv.root, srv._locks = KEY, root, {}
+    import threading
+
+    srv._locks_lock = threading.Lock()
+    conn = _Conn(stream)
+    srv.serve_one(conn)  # type: ignore[arg-type]
+    return srv, conn
+
+
+def _committed(root: Path) -> list[wire.Payload]:
+    return [p for s in (memdir.replica_dir(KEY, 0, root) / f"slot-{k}" for k in range(memdir.SLOTS))
+            if (p := wire.slot_payload(s)) is not None]
+
+
+def test_an_intact_put_commits_a_byte_identical_copy(put_stream: bytes, tmp_path: Path) -> None:
+    _, conn = _serve(put_stream, tmp_path)
+    (held,) = _committed(tmp_path)
+    assert held.step == 2
+    op, reply = wire.read_frame(_Conn(bytes(conn.sent)))
+    assert op == wire.OK and reply == {"step": 2}
+    slot = memdir.replica_dir(KEY, 0, tmp_path) / "slot-0"
+    assert put_stream.endswith((slot / wire.META).read_bytes() + (slot / wire.DATA).read_bytes())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=hs.floats(0, 1, exclude_max=True))
+def test_a_transfer_cut_anywhere_commits_nothing(put_stream: bytes, tmp_path_factory: pytest.TempPathFactory,
+                                                 cut: float) -> None:
+    root = tmp_path_factory.mktemp("cut")
+    _, conn = _serve(put_stream[: int(cut * len(put_stream))], root)
+    assert _committed(root) == []
+    assert wire.read_frame(_Conn(bytes(conn.sent)))[0] == wire.ERR
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=hs.floats(0, 1, exclude_max=True), bit=hs.integers(0, 7))
+def test_a_flipped_bit_anywhere_commits_nothing(put_stream: bytes, tmp_path_factory: pytest.TempPathFactory,
+                                                where: float, bit: int) -> None:
+    root = tmp_path_factory.mktemp("flip")
+    damaged = bytearray(put_stream)
+    damaged[int(where * len(damaged))] ^= 1 << bit
+    _serve(bytes(damaged), root)
+    assert _committed(root) == []
+
+
+@given(header=hs.dictionaries(hs.text(max_size=8), hs.integers() | hs.text(max_size=20), max_size=5),
+       op=hs.sampled_from(sorted(wire.OPS)))
+def test_frames_round_trip_and_any_prefix_is_refused(header: dict[str, Any], op: int) -> None:
+    frame = wire.encode(op, header)
+    assert wire.read_frame(_Conn(frame)) == (op, header)
+    for n in range(len(frame)):
+        with pytest.raises(wire.WireError):
+            wire.read_frame(_Conn(frame[:n]))
+
+
+def test_a_frame_of_another_job_or_a_bad_rank_is_refused(put_stream: bytes, tmp_path: Path) -> None:
+    for header in ({"job": "other", "rank": 0}, {"job": KEY, "rank": -1}, {"job": KEY, "rank": True}):
+        _, conn = _serve(wire.encode(wire.LIST, header), tmp_path)
+        op, reply = wire.read_frame(_Conn(bytes(conn.sent)))
+        assert op == wire.ERR and reply["error"]
+
+
+# --- a real server on loopback ---------------------------------------------------------------------
+
+
+def _wait_replicated(ev: Path, step: int, timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any(e["kind"] == "ckpt_replica" and e["step"] == step for e in read_events(ev)):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} was not replicated: {read_events(ev)}")
+
+
+def test_snapshots_reach_the_buddy_and_a_node_that_lost_its_memory_restores_from_there(
+        roots: tuple[Path, Path], server: replica.ReplicaServer, tmp_path: Path) -> None:
+    a, _ = roots
+    ev = tmp_path / "ev"
+    tier, saved = _snapshots(a, range(1, 6), events=EventLog(ev, rank=0), addr=_addr(server))
+    _wait_replicated(ev, 5)
+    tier.close()
+    held = sorted(p.step for p in replica.listing(_addr(server), KEY, 0))
+    assert held[-1] == 5 and len(held) == 2  # double-buffered: the newest and one before
+    # Node a is lost: its memory is gone. A new tier on an empty root finds step 5 at the buddy.
+    lost = tmp_path / "shm-a-again"
+    lost.mkdir()
+    again = memory.MemoryTier(KEY, 0, run_id=KEY, root=lost)
+    again.replicate_to(_addr(server))
+    assert again.steps(1) == {} and 5 in again.buddy_steps(1)
+    state = _fresh()
+    verified = again.verify(5, again.fetch(5), state)
+    again.restore(verified, state)
+    _assert_same(state["model"].state_dict(), saved["model"].state_dict())
+    _assert_same(state["optim"].state_dict(), saved["optim"].state_dict())
+    assert state["extra"] == {"note": "x", "step": 5}
+    # Resumed at 5 after a damaged 6 (say): the buddy drops anything newer, as the node does.
+    again.forget_newer(4)
+    assert all(p.step <= 4 for p in replica.listing(_addr(server), KEY, 0))
+    again.close()
+
+
+def test_a_resent_older_step_replaces_the_abandoned_newer_one(roots: tuple[Path, Path],
+                                                               server: replica.ReplicaServer) -> None:
+    a, b = roots
+    tier, _ = _snapshots(a, range(1, 4))
+    tier.close()
+    slots = sorted(memdir.rank_dir(KEY, 0, a).glob("slot-*"), key=lambda p: fmt.read_manifest(p / fmt.MANIFEST).step or 0)
+    replica.put(_addr(server), KEY, 0, slots[1])  # step 3
+    replica.put(_addr(server), KEY, 0, slots[0])  # step 2: the job resumed from 1 and is at 2 again
+    assert sorted(p.step for p in replica.listing(_addr(server), KEY, 0)) == [2]
+
+
+def test_a_damaged_copy_at_the_buddy_is_refused_on_fetch(roots: tuple[Path, Path], server: replica.ReplicaServer,
+                                                         tmp_path: Path) -> None:
+    a, b = roots
+    tier, _ = _snapshots(a, range(1, 2))
+    tier.close()
+    replica.put(_addr(server), KEY, 0, _newest_slot(a))
+    (slot,) = [s for s in memdir.replica_dir(KEY, 0, b).glob("slot-*") if (s / fmt.MANIFEST).exists()]
+    with open(slot / wire.DATA, "r+b") as fh:  # memory corruption on the buddy
+        fh.seek(7)
+        byte = fh.read(1)
+        fh.seek(7)
+        fh.write(bytes([byte[0] ^ 1]))
+    dest = tmp_path / "dest"
+    with pytest.raises(wire.WireError, match="checksum mismatch"):
+        replica.fetch(_addr(server), KEY, 0, 1, dest)
+    assert not (dest / fmt.MANIFEST).exists()
+
+
+def test_replication_never_stalls_snapshots_when_the_buddy_is_unreachable(roots: tuple[Path, Path],
+                                                                           tmp_path: Path) -> None:
+    """A buddy address nobody listens on: every snapshot still commits locally, one failure event."""
+    ev = tmp_path / "ev"
+    tier, _ = _snapshots(roots[0], range(1, 6), events=EventLog(ev, rank=0), addr="127.0.0.1:9")
+    tier.close()
+    kinds = [e["kind"] for e in read_events(ev)]
+    assert kinds.count("ckpt_mem") == 5 and kinds.count("ckpt_replica_fail") == 1, kinds
