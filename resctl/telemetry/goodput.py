@@ -335,6 +335,8 @@ class Analyzer:
         self.calibrate = calibrate
         self.history = history  # keep the timeline and the series (the report; not the metrics)
         self.epochs: dict[EpochKey, _Epoch] = {}
+        self.cycle_shift: dict[int, int] = {}  # rank -> cycles added (a replaced node, see _epoch_key)
+        self.last_key: dict[int, EpochKey] = {}
         self.t0: float | None = None
         self.t_first: float | None = None
         self.t_end: float | None = None
@@ -376,7 +378,7 @@ class Analyzer:
             self.t_first = t
         if self.t_end is None or t > self.t_end:
             self.t_end = t
-        key = (e["cycle"], e["iteration"])
+        key = self._epoch_key(e, kind, rank)
         ep = self.epochs.get(key)
         if ep is None:
             ep = self.epochs[key] = _Epoch(key, t, TRACK_CAP if self.calibrate else METRICS_TRACK_CAP)
@@ -389,6 +391,20 @@ class Analyzer:
             self._step(ep, e, t, rank)
         else:
             self._other(ep, e, t, kind, rank)
+
+    def _epoch_key(self, e: Event, kind: str, rank: int) -> EpochKey:
+        """The event's (cycle, iteration), with a replaced node's cycles moved on: a node lost and
+        replaced (a new pod) starts a new launcher, which counts its restarts from 0 again, while the
+        surviving nodes' launchers count the restart that took it in. So a `start` of a rank at or
+        before a cycle it already had is taken as the next cycle, and its later events follow."""
+        cycle = e["cycle"] + self.cycle_shift.get(rank, 0)
+        key = (cycle, e["iteration"])
+        prev = self.last_key.get(rank)
+        if kind == "start" and prev is not None and key <= prev:
+            self.cycle_shift[rank] = self.cycle_shift.get(rank, 0) + prev[0] + 1 - cycle
+            key = (prev[0] + 1, e["iteration"])
+        self.last_key[rank] = key
+        return key
 
     def _other(self, ep: _Epoch, e: Event, t: float, kind: str, rank: int) -> None:
         if kind == "ckpt_stall":

@@ -4,7 +4,12 @@ other, JOB_COMPLETION_INDEX, and the headless Service name in the profile. One n
 outright (every process in its namespace SIGKILLed), then comes back like a restarted pod; the job
 resumes from its snapshot and ends with the same weights as a fault-free run.
 
-Needs root and iproute2 (`ip netns`); skipped with the reason otherwise. CI runs as root.
+The memory tier's replication (test_node_lost_restores_from_the_buddys_memory): each node's
+snapshots are copied into the other node's memory; a node lost with its memory comes back and
+restores from that copy, not from the disk.
+
+Needs root, iproute2 (`ip netns`) and util-linux `unshare`; skipped with the reason otherwise. CI
+runs as root.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ from typing import Iterator
 
 import pytest
 
+from resctl.checkpoint.memdir import SHM_ENV
+from resctl.telemetry.goodput import analyze
 from tests.integration.jobs import (
-    LOCAL_PROFILE, SNAPSHOT_SCRIPT, assert_same_weights, events, finish, last_step, wait_for,
+    EXAMPLES, LOCAL_PROFILE, SNAPSHOT_SCRIPT, assert_same_weights, events, finish, last_step, start, wait_for,
 )
+from tests.integration.test_recovery import assert_same_final
 
 pytestmark = pytest.mark.slow
 JOB, SERVICE, NAMESPACE = "train", "train", "default"
@@ -72,19 +80,23 @@ def nodes() -> Iterator[list[str]]:
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
 
 
-def start_node(ns: str, index: int, tmp_path: Path) -> subprocess.Popen[str]:
-    """A pod: its own network, hostname <job>-<index>, and the Indexed Job's environment."""
-    resctl = [sys.executable, "-m", "resctl", "run", "-p", str(LOCAL_PROFILE),
-              "--nnodes", "2", "--nproc-per-node", "1",
-              "--set", f'launch.k8s_service="{SERVICE}"', "--set", "launch.rdzv_port=29531",
-              "--set", f'launch.run_dir="{tmp_path}/runs/{{run_id}}"',
-              SNAPSHOT_SCRIPT, "--steps", "40", "--step-time", "0.05",
-              "--snapshot", str(tmp_path / "snapshot.pt"), "--out", str(tmp_path / "final.pt")]
-    inner = f"hostname {JOB}-{index} && exec " + " ".join(f"'{a}'" for a in resctl)
+def start_node(ns: str, index: int, tmp_path: Path, job: list[str] | None = None) -> subprocess.Popen[str]:
+    """A pod: its own network, hostname <job>-<index>, its own /dev/shm (a private tmpfs in its own
+    mount namespace: it vanishes with the node's last process, as a lost node's memory does), and
+    the Indexed Job's environment. `job`: what follows `resctl run` (default: the snapshot job)."""
+    job = job if job is not None else [
+        "-p", str(LOCAL_PROFILE), "--set", f'launch.run_dir="{tmp_path}/runs/{{run_id}}"',
+        SNAPSHOT_SCRIPT, "--steps", "40", "--step-time", "0.05",
+        "--snapshot", str(tmp_path / "snapshot.pt"), "--out", str(tmp_path / "final.pt")]
+    resctl = [sys.executable, "-m", "resctl", "run", "--nnodes", "2", "--nproc-per-node", "1",
+              "--set", f'launch.k8s_service="{SERVICE}"', "--set", "launch.rdzv_port=29531", *job]
+    inner = (f"mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm && hostname {JOB}-{index} && exec "
+             + " ".join(f"'{a}'" for a in resctl))
     env = {**os.environ, "JOB_COMPLETION_INDEX": str(index), "POD_NAMESPACE": NAMESPACE,
            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", inner], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    env.pop(SHM_ENV, None)
+    return subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "sh", "-c", inner],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
 
@@ -94,6 +106,59 @@ def lose_node(ns: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _run_until(nodes: list[str], procs: list[subprocess.Popen[str]], run_dir: Path, step: int) -> None:
+    try:
+        wait_for(lambda: last_step(run_dir, 1) >= step, 180, f"rank 1 (node b) to reach step {step}", procs[0])
+    except AssertionError as err:
+        for ns in nodes:
+            lose_node(ns)
+        tails = [f"--- node {i} ---\n{(p.communicate(timeout=30)[0] or '')[-3000:]}" for i, p in enumerate(procs)]
+        raise AssertionError(f"{err}\n" + "\n".join(tails)) from None
+
+
+def memory_job(tmp_path: Path, name: str, memory_every: int) -> list[str]:
+    """train_ckpt.py with the memory tier every `memory_every` steps and the disk every 50 (never, in 40 steps)."""
+    args = ["-p", str(LOCAL_PROFILE), "--set", f'launch.run_dir="{tmp_path}/{name}"']
+    for item in (f'checkpoint.dir="{tmp_path}/{name}-ckpt"', "checkpoint.interval_steps=50",
+                 f"checkpoint.memory_every={memory_every}", "heartbeat.timeout=4s", "heartbeat.check_interval=1s"):
+        args += ["--set", item]
+    return [*args, str(EXAMPLES / "train_ckpt.py"), "--steps", "40", "--step-time", "0.05",
+            "--out", str(tmp_path / f"{name}.pt")]
+
+
+def test_node_lost_restores_from_the_buddys_memory(nodes: list[str], tmp_path: Path) -> None:
+    """memory_every = 1, disk every 50 steps: node b is lost at step ~15 with every process and its
+    /dev/shm, and comes back empty. Rank 1 restores from node a's copy of its snapshot (tier buddy),
+    rank 0 from its own memory, both the same step, at most one step back; the job ends bitwise
+    equal to a fault-free run."""
+    ref = start(["--nproc-per-node", "2", *memory_job(tmp_path, "ref", 0)], cwd=tmp_path)
+    code, out = finish(ref)
+    assert code == 0, out[-3000:]
+    job = memory_job(tmp_path, "lost", 1)
+    procs = [start_node(nodes[0], 0, tmp_path, job), start_node(nodes[1], 1, tmp_path, job)]
+    run_dir = tmp_path / "lost"
+    _run_until(nodes, procs, run_dir, 15)
+    lose_node(nodes[1])
+    procs[1].wait(timeout=30)
+    procs[1] = start_node(nodes[1], 1, tmp_path, job)  # the Job recreates the pod: new node, empty memory
+    (code_a, out_a), (code_b, out_b) = finish(procs[0]), finish(procs[1])
+    assert code_a == 0 and code_b == 0, out_a[-3000:] + "\n---\n" + out_b[-3000:]
+    ev = events(run_dir)
+    replicated = {e["rank"] for e in ev if e["kind"] == "ckpt_replica"}
+    assert replicated == {0, 1}, "each node's snapshots were copied to the other"
+    loads = {e["rank"]: e for e in ev if e["kind"] == "ckpt_load"}  # the only load of each rank: the resume
+    assert loads[1]["tier"] == "buddy" and loads[0]["tier"] == "memory", loads
+    assert loads[0]["step"] == loads[1]["step"], loads
+    (recovery,) = analyze(ev).recoveries
+    assert "buddy" in (recovery.tier or "").split("+"), recovery
+    assert recovery.rollback_steps is not None and recovery.rollback_steps <= 1, recovery
+    assert not list((tmp_path / "lost-ckpt").glob("step-*")) or all(
+        int(p.name.split("-")[1]) == 40 for p in (tmp_path / "lost-ckpt").glob("step-*")), "no disk checkpoint before 40"
+    report = subprocess.run([sys.executable, "-m", "resctl", "report", str(run_dir)], capture_output=True, text=True)
+    assert "(buddy" in report.stdout + report.stderr, report.stdout[-3000:]
+    assert_same_final(tmp_path / "lost.pt", tmp_path / "ref.pt")
 
 
 def test_node_loss_and_return(nodes: list[str], tmp_path: Path, reference: Path) -> None:
