@@ -225,3 +225,25 @@ def test_failed_saves_and_skipped_checkpoints_are_counted() -> None:
     a = analyze(events)
     assert (a.failed_saves, a.skipped_checkpoints) == (1, 1)
     assert a.last_save_error is not None and "No space" in a.last_save_error
+
+
+def test_a_replaced_node_counting_its_cycles_from_zero_joins_the_survivors_next_cycle() -> None:
+    """Node b (rank 1) is lost and its pod replaced: its new launcher says cycle 0 again, node a's
+    says cycle 1. The recovery is one, from step 16 back to 15, with each rank's tier."""
+
+    def ev(t: float, kind: str, rank: int, cycle: int, **kw: object) -> dict[str, object]:
+        return {"t": t, "kind": kind, "rank": rank, "cycle": cycle, "iteration": 0, **kw}
+
+    events = [ev(0.0, "start", 0, 0), ev(0.0, "start", 1, 0), ev(0.5, "resume", 0, 0, step=0),
+              ev(0.5, "resume", 1, 0, step=0)]
+    for step in range(1, 17):
+        events += [ev(0.5 + step * 0.1, "step", r, 0, step=step, duration=0.1) for r in (0, 1)]
+    events += [ev(2.5, "fault", 0, 0, step=16, cause="exception"), ev(2.5, "end", 0, 0, step=16, status="error"),
+               ev(15.0, "start", 1, 0), ev(16.0, "start", 0, 1), ev(16.0, "restart", 0, 1, layer="launcher"),
+               ev(17.0, "ckpt_load", 1, 0, step=15, tier="buddy", seconds=0.1),
+               ev(17.0, "ckpt_load", 0, 1, step=15, tier="memory", seconds=0.1),
+               ev(17.1, "resume", 1, 0, step=15), ev(17.1, "resume", 0, 1, step=15)]
+    events += [ev(17.1 + (s - 15) * 0.1, "step", r, c, step=s, duration=0.1) for s in range(16, 21)
+               for r, c in ((0, 1), (1, 0))]
+    (rec,) = analyze(events).recoveries
+    assert (rec.last_step, rec.resumed_step, rec.rollback_steps, rec.tier) == (16, 15, 1, "buddy+memory")
