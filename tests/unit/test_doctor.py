@@ -361,3 +361,10 @@ def test_shm_against_the_memory_tier(tmp_path: Path) -> None:
     big = doctor(root, tmp_path, "checkpoint.memory_every=1", f"doctor.checkpoint_size_gb={size_gb / 2}", only=["shm"])
     bad = check(big, "shm.memory_tier")
     assert bad.status == Status.FAIL and "memory_every" in bad.fix
+    # Two nodes: this node also keeps the buddy copies of the other node's ranks (2x more).
+    two = doctor(root, tmp_path, "checkpoint.memory_every=1", f"doctor.checkpoint_size_gb={size_gb / 4}",
+                 "launch.nnodes=2", only=["shm"])
+    assert check(two, "shm.memory_tier").status == Status.FAIL and "buddy" in check(two, "shm.memory_tier").fix
+    alone = doctor(root, tmp_path, "checkpoint.memory_every=1", f"doctor.checkpoint_size_gb={size_gb / 4}",
+                   "launch.nnodes=2", "checkpoint.memory_replicate=false", only=["shm"])
+    assert check(alone, "shm.memory_tier").status == Status.PASS
