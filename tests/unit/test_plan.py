@@ -130,3 +130,47 @@ def test_dry_run_layers_say_what_is_on_and_why() -> None:
     on = recovery_layers(Profile.model_validate({"inprocess": {"enabled": True}}), "0.7", fork_workers=False)
     assert "every rank" in on[1] and "exec" in on[0]
     assert "deprecated since NVRx 0.6" in on[2]
+
+
+def test_the_memory_tier_is_replicated_only_with_more_than_one_node_and_both_keys_on(tmp_path: Path) -> None:
+    on = ("checkpoint.memory_every=1", "launch.nnodes=2")
+    assert make(None, "0.4.1", on).replica_port == 0
+    assert make(None, "0.4.1", (*on, "checkpoint.memory_replicate_port=29600")).replica_port == 29600
+    assert make(None, "0.4.1", ("checkpoint.memory_every=1", "launch.nnodes=1:2")).replica_port == 0
+    assert make(None, "0.4.1", ("checkpoint.memory_every=1",)).replica_port is None  # one node: no buddy
+    assert make(None, "0.4.1", ("launch.nnodes=2",)).replica_port is None  # no memory tier
+    assert make(None, "0.4.1", (*on, "checkpoint.memory_replicate=false")).replica_port is None
+
+
+def test_resctl_run_serves_the_replica_and_tells_the_workers_where(tmp_path: Path) -> None:
+    from resctl.checkpoint import replica, replica_wire
+    from resctl.launch.execute import serve_replica
+
+    p = make(None, "0.4.1", ("checkpoint.memory_every=1", "launch.nnodes=2"))
+    env: dict[str, str] = {}
+    server = serve_replica(p, env, lambda _line: None)
+    assert server is not None
+    try:
+        host, port = replica.parse_addr(env[replica.ADDR_ENV])
+        assert port == server.port and host
+        # The advertised address answers (loopback here: the rendezvous host does not resolve).
+        assert replica.listing(f"127.0.0.1:{port}", server.key, 0) == []
+        with pytest.raises(replica_wire.WireError, match="not this server's job"):
+            replica.listing(f"127.0.0.1:{port}", "another-job", 0)
+    finally:
+        server.close()
+    assert serve_replica(make(None, "0.4.1"), env, lambda _line: None) is None
+
+
+def test_a_replica_port_in_use_is_a_usage_error_naming_the_key() -> None:
+    import socket
+
+    from resctl.launch.execute import serve_replica
+
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = make(None, "0.4.1", ("checkpoint.memory_every=1", "launch.nnodes=2", f"checkpoint.memory_replicate_port={port}"))
+        with pytest.raises(UsageError, match="checkpoint.memory_replicate_port"):
+            serve_replica(p, {}, lambda _line: None)
