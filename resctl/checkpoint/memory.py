@@ -275,7 +275,8 @@ class MemoryTier:
         self._last = k
         cuda = next((t.device for t in tensors if t.is_cuda), None)
         view = slot.buffer(total, pin=cuda is not None)
-        staged = stage(tensors, total, None) if on_device and cuda else stage(tensors, total, view)
+        with self.replicator.paused() if self.replicator is not None else contextlib.nullcontext():
+            staged = stage(tensors, total, None) if on_device and cuda else stage(tensors, total, view)
         snap = Snapshot(step, k, view, specs, total, structure_meta)
         staged_at = time.monotonic()
         device = staged if staged.is_cuda else None

@@ -209,14 +209,16 @@ def _connect(addr: str, timeout: float = TIMEOUT) -> Iterator[socket.socket]:
         sock.close()
 
 
-def put(addr: str, key: str, rank: int, slot: Path, cancel: threading.Event | None = None) -> Payload:
-    """Send the complete snapshot in `slot` to the server at `addr` as `rank`'s; WireError/OSError on failure."""
+def put(addr: str, key: str, rank: int, slot: Path, cancel: threading.Event | None = None,
+        go: threading.Event | None = None) -> Payload:
+    """Send the complete snapshot in `slot` to the server at `addr` as `rank`'s; WireError/OSError
+    on failure. `cancel`, `go`: see `replica_wire.send_payload`."""
     payload = slot_payload(slot)
     if payload is None:
         raise WireError(f"{slot} holds no complete snapshot")
     with _connect(addr) as sock:
         sock.sendall(encode(PUT, {"job": key, "rank": rank, **payload.to_header()}))
-        send_payload(sock, slot, payload, cancel)
+        send_payload(sock, slot, payload, cancel, go)
         expect_ok(sock)
     return payload
 
@@ -266,6 +268,8 @@ class Replicator:
         self._pending: tuple[int, int] | None = None
         self._closed = False
         self._cancel = threading.Event()
+        self._go = threading.Event()
+        self._go.set()
         self._last_error: str | None = None
         self._thread = threading.Thread(target=self._run, name="resctl-mem-replica", daemon=True)
         self._thread.start()
@@ -275,6 +279,17 @@ class Replicator:
         with self._wake:
             self._pending = (step, slot)
             self._wake.notify_all()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the transfer (between two chunks) while the block runs: a snapshot's copy gets the
+        memory bandwidth to itself. Synchronous training snapshots on every node at once, so the
+        buddies' receivers go quiet at the same time."""
+        self._go.clear()
+        try:
+            yield
+        finally:
+            self._go.set()
 
     def cancel(self) -> None:
         """Stop the send in flight (between two chunks); the buddy keeps nothing of it."""
@@ -304,7 +319,7 @@ class Replicator:
             step, slot, payload = job
             t0 = time.monotonic()
             try:
-                put(self.addr, self.key, self.rank, self.slots[slot], self._cancel)
+                put(self.addr, self.key, self.rank, self.slots[slot], self._cancel, self._go)
             except (WireError, OSError) as err:
                 self._failed(step, err)
             else:
@@ -332,4 +347,5 @@ class Replicator:
             self._closed = True
             self._wake.notify_all()
         self._cancel.set()
+        self._go.set()
         self._thread.join(timeout=CONNECT_TIMEOUT + 1)

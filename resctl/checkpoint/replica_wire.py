@@ -175,9 +175,14 @@ def invalidate(slot: Path) -> None:
         pass
 
 
-def send_payload(conn: socket.socket, slot: Path, payload: Payload, cancel: threading.Event | None = None) -> None:
-    """meta.pt, then data-0.bin (sendfile, in chunks: a set `cancel` stops between two). If the
-    slot is overwritten meanwhile the receiver's checksums fail and it keeps nothing."""
+PAUSE_MAX = 5.0  # seconds a paused transfer waits for `go` before it goes on anyway
+
+
+def send_payload(conn: socket.socket, slot: Path, payload: Payload, cancel: threading.Event | None = None,
+                 go: threading.Event | None = None) -> None:
+    """meta.pt, then data-0.bin (sendfile, in chunks: a set `cancel` stops between two, and while
+    `go` is clear the next chunk waits). If the slot is overwritten meanwhile the receiver's
+    checksums fail and it keeps nothing."""
     meta = (slot / META).read_bytes()
     if len(meta) != payload.meta[0]:
         raise WireError(f"replica: {slot / META} changed while being sent")
@@ -186,6 +191,8 @@ def send_payload(conn: socket.socket, slot: Path, payload: Payload, cancel: thre
     with open(slot / DATA, "rb") as fh:
         sent = 0
         while sent < size:
+            if go is not None and not go.is_set():
+                go.wait(PAUSE_MAX)
             if cancel is not None and cancel.is_set():
                 raise WireError("replica transfer cancelled")
             n = conn.sendfile(fh, sent, min(CHUNK, size - sent))
@@ -223,7 +230,9 @@ def _receive_file(conn: Conn, path: Path, size: int) -> int:
                 os.posix_fallocate(fd, 0, size)
         if size == 0:
             return checksum(b"")
-        mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        # MAP_POPULATE: the page tables in one pass, not a fault per 4 KiB page as the bytes arrive.
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
     crc = 0
