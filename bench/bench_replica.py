@@ -194,7 +194,7 @@ def run(args: argparse.Namespace, tmp: Path, node_a: Path, fresh: Path, addr: st
     out: dict[str, Any] = {
         "state_bytes": nbytes, "gap_s": args.gap, "without_replication": summary(off), "with_replication": summary(on),
         "with_replication_not_paused_during_the_copy": summary(unpaused),
-        "replicated": {"snapshots_taken_with_replication": len(on), "snapshots_sent": len(sent),
+        "replicated": {"snapshots_taken_with_replication": len(on) + len(unpaused), "snapshots_sent": len(sent),
                        "transfer_median_s": round(med(e["seconds"] for e in sent), 4) if sent else None,
                        "transfer_GBps_median": round(nbytes / med(e["seconds"] for e in sent) / 1e9, 2) if sent else None,
                        "failures": [e for e in read_events(events) if e["kind"] == "ckpt_replica_fail"]},
