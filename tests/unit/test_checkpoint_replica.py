@@ -381,3 +381,34 @@ def test_a_rank_whose_node_lost_its_memory_restores_from_the_buddy_and_all_agree
     if damage:
         skips = [e for e in read_events(tmp_path / "ev") if e["kind"] == "ckpt_skip"]
         assert {e["step"] for e in skips} == {4} and any("checksum mismatch" in e["reason"] for e in skips), skips
+
+
+def test_a_full_shm_on_the_buddy_refuses_the_copy_and_the_sender_says_so_once(roots: tuple[Path, Path],
+                                                                              tmp_path: Path) -> None:
+    """The buddy's tmpfs has no room (a real 8 KiB tmpfs): the PUT is refused with the reason, nothing
+    is committed there, and the sender reports one `ckpt_replica_fail` while snapshots go on."""
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(tiny)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        srv = replica.ReplicaServer(KEY, 0, host="127.0.0.1", root=tiny)
+        try:
+            ev = tmp_path / "ev"
+            tier, _ = _snapshots(roots[0], range(1, 4), events=EventLog(ev, rank=0), addr=_addr(srv))
+            with pytest.raises(wire.WireError, match="No space left"):
+                replica.put(_addr(srv), KEY, 0, _newest_slot(roots[0]))
+            tier.close()
+            assert _committed(tiny) == []
+            kinds = [e["kind"] for e in read_events(ev)]
+            assert kinds.count("ckpt_mem") == 3 and kinds.count("ckpt_replica_fail") == 1, kinds
+        finally:
+            srv.close()
+    finally:
+        subprocess.run(["umount", "-l", str(tiny)], check=False)
