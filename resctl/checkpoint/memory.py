@@ -564,6 +564,7 @@ class MemoryTier:
         """Copy this rank's snapshot of `step` back from the buddy into a local slot (the one not
         holding the newest local snapshot); return the slot, to `verify` and `restore` as usual."""
         assert self.replicator is not None
+        self._wait_warm()  # a background mapping of the slot must not outlive the files it maps
         newest = self.newest()
         k = (newest[1] + 1) % memdir.SLOTS if newest else 0
         pin, self._pins[k] = self._pins[k], None
