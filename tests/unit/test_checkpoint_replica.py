@@ -294,12 +294,14 @@ if phase == "save":
         state["extra"] = {"step": step, "rank": rank}
         ck.maybe_save(state, step)
         torch.save({"model": model.state_dict(), "optim": optim.state_dict()}, f"{tmp}/rank{rank}-{step}.pt")
-    ck.wait()
-    rep = ck.memory_tier().replicator
-    for _ in range(200):  # the newest snapshot reached the buddy
-        if 4 in {p.step for p in replica.listing(rep.addr, rep.key, rank)}:
-            break
-        time.sleep(0.05)
+        ck.wait()
+        rep = ck.memory_tier().replicator
+        # Each snapshot reaches the buddy before the next step (no compute between steps here: a
+        # transfer still running would make the next snapshots overwrite the newest slot instead).
+        for _ in range(400):
+            if step in {p.step for p in replica.listing(rep.addr, rep.key, rank)}:
+                break
+            time.sleep(0.025)
 else:
     want = torch.load(f"{tmp}/rank{rank}-{start}.pt", weights_only=True)
     def same(a, b):
@@ -338,8 +340,7 @@ def _run_ranks(script: Path, tmp: Path, phase: str, servers: list[replica.Replic
         procs.append(subprocess.Popen([sys.executable, str(script), str(tmp), phase], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=120)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(f"--- rank {r} ---\n{o[-3000:]}" for r, o in enumerate(outs))
     return outs
 
 
