@@ -75,7 +75,8 @@ def format_addr(host: str, port: int) -> str:
 def advertised_host(endpoint: str) -> str:
     """This node's address as the other nodes reach it: `RESCTL_REPLICA_HOST`, else the local
     address of the route to the rendezvous endpoint's host (no packet is sent), else the address
-    the hostname resolves to."""
+    the hostname resolves to; "" when all of them are loopback addresses (other nodes would reach
+    their own server there)."""
     forced = os.environ.get(HOST_ENV)
     if forced:
         return forced
@@ -90,9 +91,10 @@ def advertised_host(endpoint: str) -> str:
     except (OSError, ValueError, IndexError):
         pass
     try:
-        return socket.gethostbyname(socket.gethostname())
+        addr = socket.gethostbyname(socket.gethostname())
     except OSError:
-        return socket.gethostname()
+        return ""
+    return "" if ipaddress.ip_address(addr).is_loopback else addr
 
 
 # --- the server (one per node, in resctl run) ---------------------------------------------------

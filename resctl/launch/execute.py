@@ -130,7 +130,13 @@ def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callab
             f"checkpoint.memory_replicate_port = {launch_plan.replica_port}: cannot listen on it: "
             f"{err.strerror or err}; pick a free port, 0 for any free port, or set checkpoint.memory_replicate = false"
         ) from None
-    addr = replica.format_addr(replica.advertised_host(launch_plan.rendezvous.endpoint), server.port)
+    host = replica.advertised_host(launch_plan.rendezvous.endpoint)
+    if not host:
+        server.close()
+        on_event(f"resctl: memory-tier replication off on this node: no address other nodes can reach (only "
+                 f"loopback found); set {replica.HOST_ENV} to this node's address")
+        return None
+    addr = replica.format_addr(host, server.port)
     env[replica.ADDR_ENV] = addr
     if os.environ.get("RESCTL_VERBOSE") == "1":
         on_event(f"resctl: memory replica server on {addr}")

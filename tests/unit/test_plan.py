@@ -142,19 +142,19 @@ def test_the_memory_tier_is_replicated_only_with_more_than_one_node_and_both_key
     assert make(None, "0.4.1", (*on, "checkpoint.memory_replicate=false")).replica_port is None
 
 
-def test_resctl_run_serves_the_replica_and_tells_the_workers_where(tmp_path: Path) -> None:
+def test_resctl_run_serves_the_replica_and_tells_the_workers_where(monkeypatch: pytest.MonkeyPatch) -> None:
     from resctl.checkpoint import replica, replica_wire
     from resctl.launch.execute import serve_replica
 
     p = make(None, "0.4.1", ("checkpoint.memory_every=1", "launch.nnodes=2"))
     env: dict[str, str] = {}
+    monkeypatch.setenv(replica.HOST_ENV, "127.0.0.1")  # the rendezvous host of the fixture does not resolve
     server = serve_replica(p, env, lambda _line: None)
     assert server is not None
     try:
         host, port = replica.parse_addr(env[replica.ADDR_ENV])
-        assert port == server.port and host
-        # The advertised address answers (loopback here: the rendezvous host does not resolve).
-        assert replica.listing(f"127.0.0.1:{port}", server.key, 0) == []
+        assert (host, port) == ("127.0.0.1", server.port)
+        assert replica.listing(env[replica.ADDR_ENV], server.key, 0) == []
         with pytest.raises(replica_wire.WireError, match="not this server's job"):
             replica.listing(f"127.0.0.1:{port}", "another-job", 0)
     finally:
