@@ -181,7 +181,9 @@ def efficiency(args: argparse.Namespace, model: Model, copy_s: float, stall_s: f
         if every > 400:  # e.g. host staging: its stall is the whole copy
             out[name] = {"memory_every": every, "not_run": "more than 400 steps between snapshots"}
             continue
-        steps = max(3 * every, 50)
+        # Three snapshot intervals and a half: the window ends between snapshots, as most of a
+        # long run does (ending on one would count its background copy's tail as the loop's).
+        steps = max(3 * every + every // 2, 50)
 
         def loop(ck: Checkpointer | None) -> float:
             sync(args.device)

@@ -33,6 +33,7 @@ import json
 import logging
 import mmap
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -54,8 +55,8 @@ DATA = "data-0.bin"
 CHUNK = 64 << 20  # bytes per checksum call; the calls run in parallel threads (each releases the GIL)
 THREADS = max(1, min(8, os.cpu_count() or 1))
 
-#: The engine's `_stage`: (tensors, total, buffer or None for its own arena) -> staged bytes.
-StageFn = Callable[[list[torch.Tensor], int, "torch.Tensor | None"], torch.Tensor]
+#: The engine's `_stage`: (tensors, total, buffer or None for its own arena, layout) -> staged bytes.
+StageFn = Callable[[list[torch.Tensor], int, "torch.Tensor | None", list[fmt.TensorSpec]], torch.Tensor]
 
 
 def checksum_of(view: memoryview, pool: ThreadPoolExecutor | None = None) -> int:
@@ -243,7 +244,9 @@ class MemoryTier:
         self._slots = [_Slot(self.dir / f"slot-{k}") for k in range(memdir.SLOTS)]
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="resctl-mem")
         self._crc_pool = ThreadPoolExecutor(THREADS, thread_name_prefix="resctl-mem-crc")
-        self._commit: Future[None] | None = None
+        self._commit: Future[None] | None = None  # the newest commit (commits run one at a time, in order)
+        self._arena_free = threading.Event()  # no commit is reading the engine's device arena
+        self._arena_free.set()
         self._warming: Future[None] | None = None  # slots being mapped and pinned in the background
         self._pins: list[Future[Any] | None] = [None] * memdir.SLOTS
         self._last: int | None = None  # the slot written last (the next snapshot goes to the other)
@@ -264,25 +267,48 @@ class MemoryTier:
         CUDA tensors are copied into the slot directly (registered with CUDA as pinned memory, so
         at the device-to-host copy's full speed); with `on_device` (checkpoint.stage = "device")
         they are copied into a spare device buffer instead (`stage` with no buffer given) and the
-        background commit copies that to the slot: the loop is blocked for a device-to-device copy."""
+        background commit copies that to the slot: the loop is blocked for a device-to-device copy.
+
+        A kill at any moment leaves the newest committed snapshot intact: the slot written is
+        invalidated only once the previous snapshot is committed. With device staging that happens
+        in the background commit, so `save` waits only for the previous commit's copy out of the
+        device buffer, not for its checksum."""
         t0 = time.monotonic()
-        self._wait_commit()
         self._wait_warm()
-        k = self._claim()
+        cuda = next((t.device for t in tensors if t.is_cuda), None)
+        device_staged = on_device and cuda is not None
+        if device_staged:
+            self._arena_free.wait()  # the commits before it (slot k's own among them) have finished
+        else:
+            self._wait_commit()
+        k = self._choose()
+        if not device_staged:
+            self._wait_pin(k)
         waited = time.monotonic() - t0
         specs, total = fmt.plan_stream(tensors)
         slot = self._slots[k]
         self._last = k
-        cuda = next((t.device for t in tensors if t.is_cuda), None)
         view = slot.buffer(total, pin=cuda is not None)
+        if not device_staged:
+            self._invalidate(k)
         with self.replicator.paused() if self.replicator is not None else contextlib.nullcontext():
-            staged = stage(tensors, total, None) if on_device and cuda else stage(tensors, total, view)
+            staged = stage(tensors, total, None if device_staged else view, specs)
         snap = Snapshot(step, k, view, specs, total, structure_meta)
         staged_at = time.monotonic()
-        device = staged if staged.is_cuda else None
+        device = staged if device_staged else None
+        if device is not None:
+            self._arena_free.clear()
         snap.ready = self._commit = self._exec.submit(self._commit_slot, snap, device, staged_at, staged_at - t0, waited)
         self.warm(total, cuda)  # the other slot, before the next snapshot needs it
         return snap, waited
+
+    def _wait_pin(self, k: int) -> None:
+        pin, self._pins[k] = self._pins[k], None
+        if pin is not None:
+            try:
+                pin.result()  # a disk write from this slot: it must finish reading first
+            except Exception:  # noqa: BLE001 - reported by the engine's failed-save policy
+                pass
 
     def warm(self, total: int, device: "torch.device | bool | None") -> None:
         """Map both slots for a `total`-byte stream, registered with CUDA when `device` is (a CUDA
@@ -313,39 +339,31 @@ class MemoryTier:
         """A disk write reads slot `slot` until `fut` is done: the snapshot after next waits for it."""
         self._pins[slot] = fut
 
-    def _claim(self) -> int:
-        """The slot the next snapshot goes to, its manifest already removed: the one not holding
-        the newest snapshot, unless the replicator is sending that one to the buddy; then the
-        newest's slot is overwritten instead (the snapshot being sent stays complete, and is what a
-        kill during this copy falls back to). Waits for a disk write still reading the slot."""
-        rep = self.replicator
+    def _choose(self) -> int:
+        """The slot the next snapshot goes to: the one not holding the newest snapshot, unless the
+        replicator is sending that one to the buddy; then the newest's slot is overwritten instead
+        (the snapshot being sent stays complete, and is what a kill during this copy falls back to)."""
         k = self._target()
+        rep = self.replicator
         if rep is not None:
             with rep.lock:
                 if rep.reading == k and self._last is not None and self._last != k:
-                    k = self._last
-        pin = self._pins[k]
-        if pin is not None:
-            try:
-                pin.result()  # a disk write from this slot: it must finish reading first
-            except Exception:  # noqa: BLE001 - reported by the engine's failed-save policy
-                pass
-            self._pins[k] = None
-        while rep is not None:
-            with rep.lock:
-                if rep.reading != k:
-                    break
-            rep.cancel()  # rare: the sender moved onto this slot while a disk write held it
-            rep.wait_idle(1.0)
-        self._invalidate(k)
+                    return self._last
         return k
 
     def _invalidate(self, k: int) -> None:
-        if self.replicator is None:
-            self._slots[k].invalidate()
-            return
-        with self.replicator.lock:  # a send starts only on a slot that still has its manifest
-            self._slots[k].invalidate()
+        """Remove slot `k`'s manifest, under the replicator's lock: a send starts only on a slot that
+        still has its manifest, so none starts on `k` from now on; one that started on it meanwhile
+        (rare: the sender moved onto it while a disk write held it) is stopped first."""
+        rep = self.replicator
+        while rep is not None:
+            with rep.lock:
+                if rep.reading != k:
+                    self._slots[k].invalidate()
+                    return
+            rep.cancel()
+            rep.wait_idle(1.0)
+        self._slots[k].invalidate()
 
     def _target(self) -> int:
         if self._last is None:
@@ -357,12 +375,17 @@ class MemoryTier:
                      waited: float) -> None:
         slot = self._slots[snap.slot]
         if device is not None:  # device staging: the device-to-host copy, off the training loop's stream
-            with torch.cuda.device(device.device):
-                if self._stream is None:
-                    self._stream = torch.cuda.Stream()
-                with torch.cuda.stream(self._stream):
-                    snap.view.copy_(device, non_blocking=True)
-                self._stream.synchronize()
+            try:
+                self._wait_pin(snap.slot)
+                self._invalidate(snap.slot)  # the previous commit has finished: a complete snapshot stays
+                with torch.cuda.device(device.device):
+                    if self._stream is None:
+                        self._stream = torch.cuda.Stream()
+                    with torch.cuda.stream(self._stream):
+                        snap.view.copy_(device, non_blocking=True)
+                    self._stream.synchronize()
+            finally:
+                self._arena_free.set()
         crc = checksum_of(fmt.byte_view(snap.view), self._crc_pool) if snap.total else checksum(b"")
         meta_crc = checksum(snap.meta)
         _write_small(slot.path / fmt.META, snap.meta)
@@ -473,7 +496,7 @@ class MemoryTier:
             st.restore(state, st.unflatten(v.meta["entries"], v.staged), list(v.meta["stateful"]))
             self._last = v.slot
             if v.data is not None:
-                v.data.close()
+                self._exec.submit(_unmap, v.data)  # unmapping GBs of populated pages takes a while
             self.warm(v.manifest.stream_bytes, next((t.device for t in v.staged if t.is_cuda), None))
             return
         current, _ = st.snapshot_entries(state)
@@ -567,12 +590,7 @@ class MemoryTier:
         self._wait_warm()  # a background mapping of the slot must not outlive the files it maps
         newest = self.newest()
         k = (newest[1] + 1) % memdir.SLOTS if newest else 0
-        pin, self._pins[k] = self._pins[k], None
-        if pin is not None:
-            try:
-                pin.result()
-            except Exception:  # noqa: BLE001 - reported by the engine's failed-save policy
-                pass
+        self._wait_pin(k)
         slot = self._slots[k]
         with self.replicator.lock:
             slot.detach()  # new files: no mapping of this process sees the bytes change
@@ -719,3 +737,10 @@ def _populator(data: mmap.mmap) -> upload.PopulateFn | None:
         except (OSError, ValueError):
             pass
     return populate
+
+
+def _unmap(data: mmap.mmap) -> None:
+    try:
+        data.close()
+    except BufferError:  # a view of it is still alive: the GC unmaps it with the view
+        pass

@@ -18,7 +18,7 @@ import bisect
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -29,7 +29,7 @@ ChecksumFn = Callable[..., int]
 CombineFn = Callable[[int, int, int], int]
 PopulateFn = Callable[[int, int], None]
 
-CHUNK = 16 << 20  # bytes per bounce buffer: 2 per worker, pinned when any destination is on CUDA
+CHUNK = 32 << 20  # bytes per bounce buffer: 2 per worker, pinned when any destination is on CUDA
 
 
 @dataclass(frozen=True)
@@ -69,32 +69,33 @@ def upload(src: torch.Tensor, specs: Sequence[fmt.TensorSpec], devices: Sequence
     no pool). Returns once every copy has completed."""
     total = src.numel()
     outs = [torch.empty(s.shape, dtype=fmt.dtype_from_name(s.dtype), device=d) for s, d in zip(specs, devices)]
+    if total == 0:
+        return checksum(b""), outs
     flats = [_flat_bytes(t) if t.numel() else None for t in outs]
     starts = [s.offset for s in specs]
     cuda = next((d for d in devices if d.type == "cuda"), None)
     chunks = [(lo, min(total, lo + chunk)) for lo in range(0, total, chunk)]
+    # Planned up front: the workers' Python per chunk is as short as it can be (they share the GIL).
+    plans = [[(flats[p.index], p.dst, p.src - lo, p.nbytes) for p in pieces(specs, lo, hi, starts)] for lo, hi in chunks]
     parts = max(1, min(threads, len(chunks))) if pool is not None else 1
 
     def work(part: int) -> list[tuple[int, int]]:
-        mine = chunks[part::parts]
+        crcs = []
         with _Bounce(cuda, min(chunk, total)) as bounce:
-            crcs = []
-            for n, (lo, hi) in enumerate(mine):
-                buf = bounce.take(n % 2, hi - lo)
+            for n, ci in enumerate(range(part, len(chunks), parts)):
+                lo, hi = chunks[ci]
+                k = n % 2
+                buf, view = bounce.take(k)
                 if populate is not None:
                     populate(lo, hi - lo)
+                buf = buf.narrow(0, 0, hi - lo)
                 buf.copy_(src.narrow(0, lo, hi - lo))
-                crcs.append((lo, checksum(fmt.byte_view(buf))))
-                with bounce.on_stream():
-                    for p in pieces(specs, lo, hi, starts):
-                        dst = flats[p.index]
-                        assert dst is not None
-                        dst.narrow(0, p.dst, p.nbytes).copy_(buf.narrow(0, p.src - lo, p.nbytes), non_blocking=True)
-                bounce.sent(n % 2)
-            return crcs
+                crcs.append((lo, checksum(view[: hi - lo])))
+                for dst, at, off, nbytes in plans[ci]:
+                    dst.narrow(0, at, nbytes).copy_(buf.narrow(0, off, nbytes), non_blocking=True)
+                bounce.sent(k)
+        return crcs
 
-    if total == 0:
-        return checksum(b""), outs
     if pool is None or parts == 1:
         found = work(0)
     else:
@@ -108,37 +109,35 @@ def upload(src: torch.Tensor, specs: Sequence[fmt.TensorSpec], devices: Sequence
 
 
 class _Bounce:
-    """Two bounce buffers of one worker (pinned, with a CUDA stream and an event each, when there
-    is a CUDA destination); a buffer is refilled only after the copies out of it completed."""
+    """Two bounce buffers of one worker; with a CUDA destination they are pinned, the worker's
+    copies run on its own stream (current for the whole `with`), and a buffer is refilled only
+    after the copies out of it completed (an event per buffer)."""
 
     def __init__(self, device: torch.device | None, size: int) -> None:
-        self.device = device
         pinned = device is not None
         self.bufs = [torch.empty(size, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
+        self.views = [fmt.byte_view(b) for b in self.bufs]
         self.stream = torch.cuda.Stream(device) if device is not None else None
-        self.events: list[torch.cuda.Event | None] = [None, None]
+        self.events = [torch.cuda.Event() for _ in range(2)] if device is not None else []
+        self.used = [False, False]
+        self._ctx: contextlib.AbstractContextManager[object] = (
+            torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext())
 
     def __enter__(self) -> "_Bounce":
+        self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._ctx.__exit__(*exc)
         if self.stream is not None:
             self.stream.synchronize()
 
-    def take(self, k: int, nbytes: int) -> torch.Tensor:
-        event = self.events[k]
-        if event is not None:
-            event.synchronize()
-        return self.bufs[k].narrow(0, 0, nbytes)
-
-    @contextlib.contextmanager
-    def on_stream(self) -> Iterator[None]:
-        if self.stream is None:
-            yield
-            return
-        with torch.cuda.stream(self.stream):
-            yield
+    def take(self, k: int) -> tuple[torch.Tensor, memoryview]:
+        if self.used[k] and self.events:
+            self.events[k].synchronize()
+        return self.bufs[k], self.views[k]
 
     def sent(self, k: int) -> None:
+        self.used[k] = True
         if self.stream is not None:
-            self.events[k] = self.stream.record_event()
+            self.events[k].record(self.stream)

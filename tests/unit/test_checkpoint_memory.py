@@ -130,9 +130,9 @@ def test_memory_older_than_disk_loses_to_disk_and_disk_is_written_from_the_snaps
     staged: list[int] = []
     stage = c._stage
 
-    def counting(tensors: list[torch.Tensor], total: int, into: torch.Tensor | None = None) -> torch.Tensor:
+    def counting(tensors: list[torch.Tensor], total: int, into: torch.Tensor | None = None, specs=None) -> torch.Tensor:
         staged.append(total)
-        return stage(tensors, total, into)
+        return stage(tensors, total, into, specs)
 
     c._stage = counting  # type: ignore[method-assign]
     saved = _train_and_snapshot(c, range(1, 9))
