@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 from bench_checkpoint import Model  # noqa: E402
 from bench_memory_tier import copy_once  # noqa: E402
 
-from resctl.checkpoint import memdir, replica  # noqa: E402
+from resctl.checkpoint import memdir  # noqa: E402
 from resctl.checkpoint.engine import Checkpointer  # noqa: E402
 from resctl.telemetry.events import EventLog, read_events  # noqa: E402
 

@@ -9,6 +9,12 @@ multi-host test (tests/integration/test_multihost.py) does it with network names
 from __future__ import annotations
 
 import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from resctl.checkpoint import crc, memdir, memory, replica
+from resctl.checkpoint import state as st
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import replica_wire as wire
 from resctl.checkpoint.engine import Checkpointer
@@ -61,8 +68,6 @@ def _snapshots(root: Path, steps: range, rank: int = 0, events: EventLog | None 
         optim.step()
         optim.zero_grad()
         state["extra"] = {"note": "x", "step": step}
-        from resctl.checkpoint import state as st
-
         entries, stateful = st.snapshot_entries(state)
         tensors: list[torch.Tensor] = []
         structure = st.flatten(entries, tensors, {})
@@ -126,8 +131,6 @@ def put_stream(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 def _serve(stream: bytes, root: Path) -> tuple[replica.ReplicaServer, _Conn]:
     srv = replica.ReplicaServer.__new__(replica.ReplicaServer)  # the request logic, without a socket
     srv.key, srv.root, srv._locks = KEY, root, {}
-    import threading
-
     srv._locks_lock = threading.Lock()
     conn = _Conn(stream)
     srv.serve_one(conn)  # type: ignore[arg-type]
@@ -321,11 +324,6 @@ os._exit(0)  # no clean end: the memory stays, as for a killed worker
 
 
 def _run_ranks(script: Path, tmp: Path, phase: str, servers: list[replica.ReplicaServer], roots: list[Path]) -> list[str]:
-    import os
-    import socket
-    import subprocess
-    import sys
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -360,8 +358,6 @@ def test_a_rank_whose_node_lost_its_memory_restores_from_the_buddy_and_all_agree
         _run_ranks(script, tmp_path, "save", servers, roots)
         assert sorted(p.step for p in replica.listing(_addr(servers[0]), KEY, 1)) == [3, 4]
         for p in roots[1].iterdir():  # node 1 lost: its own snapshots and the copies it kept
-            import shutil
-
             shutil.rmtree(p)
         if damage:
             slot = next(s for s in memdir.replica_dir(KEY, 1, roots[0]).glob("slot-*")
@@ -388,10 +384,6 @@ def test_a_full_shm_on_the_buddy_refuses_the_copy_and_the_sender_says_so_once(ro
                                                                               tmp_path: Path) -> None:
     """The buddy's tmpfs has no room (a real 8 KiB tmpfs): the PUT is refused with the reason, nothing
     is committed there, and the sender reports one `ckpt_replica_fail` while snapshots go on."""
-    import os
-    import shutil
-    import subprocess
-
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("needs root to mount a small tmpfs")
     tiny = tmp_path / "tiny"
