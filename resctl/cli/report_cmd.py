@@ -129,11 +129,11 @@ def _render(a: Any) -> None:
     else:
         out_console.print("no faults: the run never restarted")
 
-    timeline = Table("t (s)", "rank", "cycle.iter", "event", "detail", title="timeline (steps and stalls omitted)")
+    timeline = Table("t (s)", "rank", "cycle", "iter", "event", "detail", title="timeline (steps and stalls omitted)")
     shown = [e for e in a.timeline if e["kind"] != "ckpt_persist"]
     for e in shown[:60]:
-        detail = " ".join(f"{k}={e[k]}" for k in ("step", "cause", "layer", "status", "reason", "source") if k in e)
-        timeline.add_row(f"{e['t']:.2f}", str(e["rank"]), f"{e['cycle']}.{e['iteration']}", e["kind"], detail)
+        detail = " ".join(f"{k}={e[k]}" for k in ("step", "tier", "cause", "layer", "status", "reason", "source") if k in e)
+        timeline.add_row(f"{e['t']:.2f}", str(e["rank"]), str(e["cycle"]), str(e["iteration"]), e["kind"], detail)
     if len(shown) > 60:
-        timeline.add_row("...", "", "", f"{len(shown) - 60} more (see --json)", "")
+        timeline.add_row("...", "", "", "", f"{len(shown) - 60} more (see --json)", "")
     out_console.print(timeline)
