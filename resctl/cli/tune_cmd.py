@@ -126,6 +126,7 @@ def tune_interval(
         assembled = assemble(given, calibration)
         rec = recommend(assembled.costs, assembled.current, assembled.mode)
         two, mem, why_not = _two_tier(given_mem, calibration, assembled, nodes, budget)
+        now = _current(two, mem, rec, assembled, budget)
     except MissingInput as err:
         raise UsageError(str(err)) from None
     except ValueError as err:
@@ -145,6 +146,7 @@ def tune_interval(
     sources = {**assembled.sources, **(mem.sources if mem else {})}
     if as_json:
         doc: dict[str, Any] = {"recommendation": rec.to_json(), "two_tier": two.to_json() if two else None,
+                               "two_tier_current": now if isinstance(now, str) or now is None else now.to_json(),
                                "two_tier_skipped": why_not, "mtbf_assumption": mem.assumption if mem else None,
                                "profile": values, "sources": sources, "run": str(from_run) if from_run else None,
                                "profile_written": str(write_profile) if wrote else None}
@@ -153,7 +155,7 @@ def tune_interval(
         typer.echo(_toml(values, two, why_not), nl=False)
     elif two is not None and mem is not None:
         _render_inputs(rec, sources, mem)
-        _render_two(two, rec, mem)
+        _render_two(two, rec, mem, now)
     else:
         _render(rec, assembled.sources)
     from resctl.cli.render import info
@@ -178,6 +180,23 @@ def _two_tier(given: Any, calibration: Any, assembled: Any, nodes: int, budget: 
     two = plan(mem.memory, assembled.costs, process_mtbf=mem.process_mtbf, node_mtbf=mem.node_mtbf,
                mode=assembled.mode, max_overhead=budget)
     return two, mem, None
+
+
+def _current(two: Any, mem: Any, rec: Any, assembled: Any, budget: float) -> Any:
+    """The job's current (memory_every, interval_steps) assessed like the plan; a sentence when it
+    cannot be (not a multiple); None without both numbers or without a plan."""
+    from dataclasses import replace
+
+    from resctl.tuning.two_tier import assess
+
+    if two is None or mem is None or mem.current is None or rec.current is None:
+        return None
+    m, n = mem.current, rec.current.interval_steps
+    if n < m or n % m:
+        return (f"interval_steps {n} is not a multiple of memory_every {m}: disk saves at other steps copy the "
+                "state again (not modelled)")
+    return assess(m, n, mem.memory, replace(assembled.costs, mtbf=mem.node_mtbf), process_mtbf=mem.process_mtbf,
+                  mode=assembled.mode, max_overhead=budget)
 
 
 def _toml(values: dict[str, int], two: Any, why_not: str | None) -> str:
@@ -249,29 +268,35 @@ _DISK_WHY = {
 }
 
 
-def _render_two(two: Any, rec: Any, mem: Any) -> None:
+def _render_two(two: Any, rec: Any, mem: Any, now: Any) -> None:
     from resctl.cli.render import out_console
 
     t = rec.costs.step_time
     words = dict(stall=_secs(mem.memory.stall), commit=_secs(mem.memory.commit), mp=_secs(mem.process_mtbf),
                  mn=_secs(mem.node_mtbf), h=rec.costs.headroom, budget=f"{two.max_overhead:.2%}", n0=two.disk_only_interval)
-    fits = "within" if two.feasible else "OVER"
-    p = rec.prediction
-    out_console.print(
-        f"recommended (two tiers):\n"
+    lines = [
+        "recommended (two tiers):",
         f"  checkpoint.memory_every = {two.memory_every}  ({_secs(two.memory_every * t)} of compute; "
-        f"{_MEMORY_WHY[two.memory_rule].format(**words)})\n"
+        f"{_MEMORY_WHY[two.memory_rule].format(**words)})",
         f"  checkpoint.interval_steps = {two.interval_steps}  ({_secs(two.interval_steps * t)} of compute; "
-        f"{_DISK_WHY[two.disk_rule].format(**words)})\n"
-        f"  expected overhead {two.overhead:.2%} (memory snapshots {two.overhead_memory:.2%}), {fits} the "
-        f"{two.max_overhead:.2%} budget\n"
+        f"{_DISK_WHY[two.disk_rule].format(**words)})",
+        f"  expected overhead {two.overhead:.2%} (memory snapshots {two.overhead_memory:.2%}), "
+        f"{'within' if two.feasible else 'OVER'} the {two.max_overhead:.2%} budget",
         f"  work lost per process fault (restored from memory): {two.steps_lost_process:.1f} steps "
-        f"({_secs(two.loss_process_s)} of compute)\n"
-        f"  work lost per node fault (restored from disk): {two.steps_lost_node:.1f} steps ({_secs(two.loss_node_s)})\n"
-        f"  MTBF assumed: {mem.assumption}\n"
-        f"one tier (memory_every = 0): checkpoint.interval_steps = {rec.interval_steps}, efficiency "
-        f"{p.efficiency:.2%}, {p.steps_lost:.1f} steps lost per fault"
-    )
+        f"({_secs(two.loss_process_s)} of compute)",
+        f"  work lost per node fault (restored from disk): {two.steps_lost_node:.1f} steps ({_secs(two.loss_node_s)})",
+        f"  MTBF assumed: {mem.assumption}",
+    ]
+    if isinstance(now, str):
+        lines.append(f"current: {now}")
+    elif now is not None:
+        lines.append(f"current (memory_every = {now.memory_every}, interval_steps = {now.interval_steps}): overhead "
+                     f"{now.overhead:.2%}, {now.steps_lost_process:.1f} steps lost per process fault, "
+                     f"{now.steps_lost_node:.1f} per node fault")
+    p = rec.prediction
+    lines.append(f"one tier (memory_every = 0): checkpoint.interval_steps = {rec.interval_steps}, efficiency "
+                 f"{p.efficiency:.2%}, {p.steps_lost:.1f} steps lost per fault")
+    out_console.print("\n".join(lines))
 
 
 def _render(rec: Any, sources: dict[str, str]) -> None:

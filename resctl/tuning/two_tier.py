@@ -69,8 +69,8 @@ class MemoryCosts:
 class TwoTierPlan:
     memory_every: int  # steps between memory snapshots
     interval_steps: int  # steps between disk checkpoints (a multiple of memory_every)
-    memory_rule: str  # daly | commit | budget | disk-source (no process faults: one snapshot per disk write)
-    disk_rule: str  # daly | back-pressure (single-tier bound) | multiple | budget | mtbf (capped)
+    memory_rule: str  # daly | commit | budget | disk-source (no process faults: one snapshot per disk write) | given
+    disk_rule: str  # daly | back-pressure (single-tier bound) | multiple | budget | mtbf (capped) | given
     overhead: float  # fraction of fault-free wall time not training (both tiers)
     overhead_memory: float  # of which the snapshots' stalls
     max_overhead: float
@@ -140,19 +140,27 @@ def plan(memory: MemoryCosts, disk: Costs, *, process_mtbf: float, node_mtbf: fl
         m, n = found
         if m != m0:
             rule = "budget"
-    over, over_mem = overhead(m, n, memory, costs, mode)
     rounded = math.ceil(n0 / m) * m
     disk_rule = rec.bound if n == n0 else ("mtbf" if n < n0 else "multiple" if n == rounded else "budget")
-    node = evaluate(n, costs, mode)
-    lost_p = m / 2.0 + memory.commit / t
-    if math.isinf(process_mtbf):
-        lost_p = node.steps_lost
+    return assess(m, n, memory, costs, process_mtbf=process_mtbf, mode=mode, max_overhead=max_overhead,
+                  rules=(rule, disk_rule), disk_only=n0, warnings=warnings)
+
+
+def assess(m: int, n: int, memory: MemoryCosts, disk: Costs, *, process_mtbf: float, mode: Mode = "async",
+           max_overhead: float = DEFAULT_MAX_OVERHEAD, rules: tuple[str, str] = ("given", "given"),
+           disk_only: int | None = None, warnings: list[str] | None = None) -> TwoTierPlan:
+    """Overhead and work lost per fault of snapshots every `m` steps and disk writes every `n` (a
+    multiple of `m`), node faults every `disk.mtbf` (`plan`'s result, or a job's current settings)."""
+    t = disk.step_time
+    over, over_mem = overhead(m, n, memory, disk, mode)
+    node = evaluate(n, disk, mode)
+    lost_p = node.steps_lost if math.isinf(process_mtbf) else m / 2.0 + memory.commit / t
     return TwoTierPlan(
-        memory_every=m, interval_steps=n, memory_rule=rule, disk_rule=disk_rule, overhead=over,
+        memory_every=m, interval_steps=n, memory_rule=rules[0], disk_rule=rules[1], overhead=over,
         overhead_memory=over_mem, max_overhead=max_overhead, feasible=over <= max_overhead,
         steps_lost_process=lost_p, loss_process_s=lost_p * t, steps_lost_node=node.steps_lost,
-        loss_node_s=node.work_lost_s, process_mtbf=process_mtbf, node_mtbf=node_mtbf, disk_only_interval=n0,
-        warnings=warnings,
+        loss_node_s=node.work_lost_s, process_mtbf=process_mtbf, node_mtbf=disk.mtbf,
+        disk_only_interval=n if disk_only is None else disk_only, warnings=warnings or [],
     )
 
 

@@ -145,6 +145,9 @@ def test_tune_interval_plans_two_tiers_from_the_run(run: Path, tmp_path: Path) -
     assert two["interval_steps"] % two["memory_every"] == 0 and two["overhead"] <= 0.01
     assert two["node_mtbf"] == pytest.approx(node) and "a node lost every 180 h" in doc["mtbf_assumption"]
     assert doc["profile"] == {"interval_steps": two["interval_steps"], "memory_every": two["memory_every"]}
+    now = doc["two_tier_current"]  # the run's own memory_every = 2, interval_steps = 10, assessed alike
+    assert (now["memory_every"], now["interval_steps"], now["memory_rule"]) == (2, 10, "given")
+    assert now["steps_lost_process"] == pytest.approx(1 + COMMIT / STEP) and now["overhead"] > two["overhead"]
     written = tomllib.loads(profile.read_text())["checkpoint"]
     assert written == doc["profile"] and profile.read_text().startswith("# mine\n")
 
@@ -152,6 +155,9 @@ def test_tune_interval_plans_two_tiers_from_the_run(run: Path, tmp_path: Path) -
     assert text.returncode == 0, text.stderr
     assert "recommended (two tiers)" in text.stdout and "checkpoint.memory_every" in text.stdout
     assert "MTBF assumed: any fault" in text.stdout and "work lost per process fault" in text.stdout
+    assert "current (memory_every = 2, interval_steps = 10): overhead" in text.stdout
+    odd = resctl("tune-interval", "--from-run", str(run), "--mtbf", "6h", "--memory-every", "3", cwd=tmp_path)
+    assert "interval_steps 10 is not a multiple of memory_every 3" in odd.stdout
     toml = resctl("tune-interval", "--from-run", str(run), "--mtbf", "6h", "--toml", cwd=tmp_path)
     assert toml.returncode == 0, toml.stderr
     section = tomllib.loads(toml.stdout)["checkpoint"]
