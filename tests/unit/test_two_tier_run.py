@@ -99,6 +99,7 @@ def test_report_shows_the_tier_and_rollback_of_each_recovery_and_int_cycles(run:
     proc = resctl("report", str(run), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "27->26 (memory)" in proc.stdout and "40->30 (disk)" in proc.stdout
+    assert "26 (reference rank); stall 0.25 s, wait 0 s, commit 0.5 s mean; every 2 steps" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if "ckpt_load" in line]
     assert len(rows) == 2 and "tier=memory" in rows[0] and "tier=disk" in rows[1]
     cells = [c.strip() for c in rows[0].split("│") if c.strip()]
