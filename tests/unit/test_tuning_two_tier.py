@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as hs
 
 from resctl.tuning.model import Costs, daly_interval, evaluate, recommend
@@ -84,18 +84,19 @@ def test_bad_memory_costs_are_refused(stall: float, commit: float) -> None:
         MemoryCosts(stall, commit)
 
 
-positive = hs.floats(min_value=1e-3, max_value=1e3)
+steps = hs.floats(min_value=1e-3, max_value=1e3)  # a time as a number of step times
 
 
 @settings(max_examples=300, deadline=None)
-@given(t=hs.floats(0.01, 10.0), s_m=hs.floats(0.0, 20.0), commit=hs.floats(0.0, 20.0), s_d=hs.floats(0.0, 5.0),
-       write=hs.floats(0.0, 300.0), k=hs.floats(1.0, 3.0), m_p=positive, n_p=positive,
+@given(t=hs.floats(0.01, 10.0), s_m=hs.floats(0.0, 5.0), commit=hs.floats(0.0, 20.0), s_d=hs.floats(0.0, 2.0),
+       write=hs.floats(0.0, 150.0), k=hs.floats(1.0, 3.0), m_p=steps, n_p=steps,
        budget=hs.floats(0.001, 0.5), sync=hs.booleans())
 def test_plan_properties(t: float, s_m: float, commit: float, s_d: float, write: float, k: float, m_p: float,
                          n_p: float, budget: float, sync: bool) -> None:
     """memory_every <= interval_steps, a multiple; the commit floor holds; within the budget
     whenever some plan within the MTBF caps is (brute force over every pair when they are small)."""
-    process_mtbf, node_mtbf = m_p * t, n_p * t  # in steps: up to 1000 of them
+    s_m, commit, s_d, write = s_m * t, commit * t, s_d * t, write * t
+    process_mtbf, node_mtbf = m_p * t, n_p * t
     mode = "sync" if sync else "async"
     disk = Costs(step_time=t, stall=s_d, write=write, write_slowdown=k)
     mem = MemoryCosts(s_m, commit)
@@ -113,6 +114,7 @@ def test_plan_properties(t: float, s_m: float, commit: float, s_d: float, write:
     assume(n_cap <= 400)
     exists = any(overhead(a, b, mem, costs, mode)[0] <= budget
                  for a in range(floor, m_cap + 1) for b in range(a, n_cap + 1, a))
+    event(f"a plan within the budget exists: {exists}")
     if exists:
         assert p.feasible, (p, n_cap, m_cap)
 
