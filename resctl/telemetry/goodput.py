@@ -28,7 +28,9 @@ time; the Prometheus metrics feed the same `Analyzer` as lines arrive. Definitio
   outside time / `c_0`. `write_slowdown = c_w / c_0`. None when fewer than 3 steps of either kind.
 - **Memory tier**: a reference-rank `ckpt_mem` blocked the loop for `[t - commit - seconds,
   t - commit]` (the event is written when its background commit ends); that time is a save stall
-  and is taken out of the step it falls in, like a `ckpt_stall`. Calibration: the snapshot stall is
+  and is taken out of step compute like a `ckpt_stall`, from the first step recorded after the
+  event (a commit longer than a step moves it to a later step than the one it blocked: the mean
+  step compute is the same). Calibration: the snapshot stall is
   the mean of `seconds - waited` over each epoch's snapshots after its first (the first also maps
   the slot), `commit` and `bytes` are means over all; the memory interval is plan.json's
   `checkpoint.memory_every`, else the most common gap between snapshot steps.
