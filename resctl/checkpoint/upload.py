@@ -19,7 +19,7 @@ import bisect
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -57,6 +57,11 @@ def pieces(specs: Sequence[fmt.TensorSpec], lo: int, hi: int, starts: Sequence[i
     return out
 
 
+def _present(t: torch.Tensor | None) -> torch.Tensor:
+    assert t is not None  # a piece belongs to a tensor with bytes
+    return t
+
+
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
@@ -76,7 +81,8 @@ def upload(src: torch.Tensor, specs: Sequence[fmt.TensorSpec], devices: Sequence
     cuda = next((d for d in devices if d.type == "cuda"), None)
     chunks = [(lo, min(total, lo + chunk)) for lo in range(0, total, chunk)]
     # Planned up front: the workers' Python per chunk is as short as it can be (they share the GIL).
-    plans = [[(flats[p.index], p.dst, p.src - lo, p.nbytes) for p in pieces(specs, lo, hi, starts)] for lo, hi in chunks]
+    plans = [[(_present(flats[p.index]), p.dst, p.src - lo, p.nbytes) for p in pieces(specs, lo, hi, starts)]
+             for lo, hi in chunks]
     parts = max(1, min(threads, len(chunks))) if pool is not None else 1
 
     def work(part: int) -> list[tuple[int, int]]:
@@ -125,7 +131,7 @@ class _Bounce:
         self._ctx.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._ctx.__exit__(*exc)
         if self.stream is not None:
             self.stream.synchronize()
