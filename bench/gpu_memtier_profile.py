@@ -81,14 +81,61 @@ def child(params_m: float, ckdir: str) -> None:
     del tier
 
 
+def sweep(params_m: float, ckdir: str) -> None:
+    """The upload (restore's verify pass) of one snapshot with other worker counts, chunk sizes,
+    with and without populate, and torch's intra-op threads at 1."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import resctl.checkpoint.memory as mem
+    from resctl.checkpoint import upload
+
+    model = Model(params_m, "cuda", batch=64)
+    ck = Checkpointer(dir=ckdir, interval_steps=10**9, memory_every=1, run_id=RUN + "-sweep", exclusive=False)
+    ck.save_memory(model.state(), 1)
+    ck.wait()
+    tier = ck.memory_tier()
+    slot = tier._slots[tier.newest()[1]]
+    manifest = slot.manifest()
+    devices = [torch.device("cpu") if len(sp.shape) == 0 else torch.device("cuda") for sp in manifest.tensors]
+    del model
+    torch.cuda.empty_cache()
+    for intra in (0, 1):
+        if intra:
+            torch.set_num_threads(1)
+        for threads, chunk_mb, populate in ((8, 32, True), (8, 32, False), (16, 32, True), (16, 16, True),
+                                            (12, 64, True), (4, 64, True), (16, 8, True)):
+            times = []
+            for _ in range(3):
+                data = mem._map_snapshot(slot.path / mem.DATA, manifest.stream_bytes)
+                with ThreadPoolExecutor(threads) as pool:
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    crc, outs = upload.upload(mem._bytes_of(data), manifest.tensors, devices, checksum=mem.checksum,
+                                              combine=mem.combine, pool=pool, threads=threads, chunk=chunk_mb << 20,
+                                              populate=mem._populator(data) if populate else None)
+                    torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t)
+                assert crc == manifest.files[mem.DATA].crc32
+                del outs
+                torch.cuda.empty_cache()
+                data.close()
+            print(f"upload threads={threads:2d} chunk={chunk_mb:2d}MB populate={populate!s:5} torch_threads="
+                  f"{torch.get_num_threads():2d}: median {statistics.median(times):.3f} s  {times}", flush=True)
+    ck.release_memory()
+    ck.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--params-m", type=float, default=537)
     ap.add_argument("--dir", default="/var/tmp/resctl-memtier-profile")
     ap.add_argument("--child", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
     args = ap.parse_args()
     if args.child:
         return child(args.params_m, args.dir)
+    if args.sweep:
+        return sweep(args.params_m, args.dir)
     memdir.release_job(RUN)
     model = Model(args.params_m, "cuda", batch=64)
     tensors = model.tensors()

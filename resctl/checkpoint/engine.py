@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import shutil
+import stat
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,6 +49,7 @@ log = logging.getLogger("resctl.checkpoint")
 
 HEARTBEAT_EVERY = 1.0  # seconds between heartbeats sent from writer threads
 QUARANTINE = ".quarantine"
+_QUARANTINED = re.compile(r"^step-\d+-\d{8}T\d{6}-[0-9a-f]{6}$")  # the names `quarantine` gives
 LEFTOVERS = (".tmp-step-", ".trash-", ".recycle-")
 # A candidate's verdict on one rank; the ranks agree on the MIN.
 _MISMATCH, _SKIP, _OK = 0, 1, 2
@@ -94,6 +97,8 @@ class Checkpointer:
             reported (`ckpt_other_run`); default: env TORCHELASTIC_RUN_ID.
         exclusive: rank 0 holds an flock on `<dir>/.resctl-owner` from its first load or save, and
             another live process owning the directory raises `CheckpointDirInUse`.
+        keep_quarantined: damaged checkpoints kept in `<dir>/.quarantine/` (the newest by the time
+            they were moved there); older ones are deleted when another is moved in (0: at once).
         memory_every: also snapshot the state every this many steps into host shared memory that
             outlives the process (`resctl.checkpoint.memory`; 0: off). `load` then restores the
             newest snapshot every rank holds when it is at least as new as the newest disk
@@ -122,9 +127,13 @@ class Checkpointer:
         exclusive: bool = True,
         memory_every: int = 0,
         memory_replicate: bool = False,
+        keep_quarantined: int = 3,
     ) -> None:
         if interval_steps < 1 or keep_last < 1 or writers < 1 or max_failed_saves < 1:
             raise ValueError("interval_steps, keep_last, writers and max_failed_saves must be >= 1")
+        if keep_quarantined < 0:
+            raise ValueError("keep_quarantined must be >= 0")
+        self.keep_quarantined = keep_quarantined
         if memory_every < 0:
             raise ValueError("memory_every must be >= 0 (0: no memory tier)")
         self.memory_every = memory_every
@@ -202,6 +211,7 @@ class Checkpointer:
             max_failed_saves=section.max_failed_saves,
             memory_every=section.memory_every,
             memory_replicate=section.memory_replicate,
+            keep_quarantined=section.keep_quarantined,
         )
         args.update(kw)
         return cls(**args)
@@ -928,14 +938,18 @@ class Checkpointer:
             reason = str(err) if isinstance(err, fmt.CorruptCheckpoint) else f"{type(err).__name__}: {err}"
             if isinstance(err, fmt.CorruptCheckpoint):
                 moved = self.quarantine(path, reason)
-        where = f"; moved to {moved}" if moved else ""
+        where = ""
+        if moved is not None:
+            where = f"; moved to {moved}" if moved.exists() else \
+                f"; deleted (checkpoint.keep_quarantined = {self.keep_quarantined})"
         log.warning("skipping checkpoint %s: %s%s", path, reason, where)
         self.events.emit("ckpt_skip", step=step, reason=reason, quarantined=str(moved) if moved else None)
 
     def quarantine(self, path: Path, reason: str) -> Path | None:
-        """Move a damaged checkpoint to `<dir>/.quarantine/` (never loaded, pruned or cleaned up
-        again; inspect or delete it by hand) with a `reason.txt`. None if it could not be moved
-        (another rank moved it first, or no permission)."""
+        """Move a damaged checkpoint to `<dir>/.quarantine/` (never loaded again; inspect or delete
+        it by hand) with a `reason.txt`, then keep only the newest `keep_quarantined` there
+        (`prune_quarantine`). None if it could not be moved (another rank moved it first, or no
+        permission)."""
         dest = self.dir / QUARANTINE / f"{path.name}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
         try:
             dest.parent.mkdir(exist_ok=True)
@@ -949,7 +963,37 @@ class Checkpointer:
             (dest / "reason.txt").write_text(reason + "\n")
         except OSError:
             pass
+        self.prune_quarantine()
         return dest
+
+    def prune_quarantine(self) -> int:
+        """Delete all but the newest `keep_quarantined` directories of `<dir>/.quarantine/` (newest
+        by the time they were moved there: the directory's mtime, set by its reason.txt). Only real
+        directories inside `.quarantine/` are considered, never a step directory or a link; returns
+        how many were deleted."""
+        qdir = self.dir / QUARANTINE
+        try:
+            if not stat.S_ISDIR(os.lstat(qdir).st_mode):  # a link (to the checkpoint dir?) is never pruned
+                log.warning("%s is not a directory: damaged checkpoints there are not pruned", qdir)
+                return 0
+            entries = [e for e in os.scandir(qdir) if e.is_dir(follow_symlinks=False) and _QUARANTINED.match(e.name)]
+        except OSError:
+            return 0
+        aged = []
+        for e in entries:
+            try:
+                aged.append((e.stat(follow_symlinks=False).st_mtime_ns, e.name))
+            except OSError:
+                continue  # another rank deleted it meanwhile
+        aged.sort(reverse=True)
+        removed = 0
+        for _, name in aged[self.keep_quarantined:]:
+            shutil.rmtree(qdir / name, ignore_errors=True)
+            removed += 1
+        if removed:
+            log.info("deleted %d old damaged checkpoint(s) from %s (checkpoint.keep_quarantined = %d)",
+                     removed, qdir, self.keep_quarantined)
+        return removed
 
     def _resumed(self, verified: reader.Verified) -> None:
         step = verified.step

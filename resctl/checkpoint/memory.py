@@ -470,7 +470,7 @@ class MemoryTier:
             got = checksum(b"")
         elif devices is not None:
             got, staged = upload.upload(_bytes_of(data), manifest.tensors, devices, checksum=checksum, combine=combine,
-                                        pool=self._crc_pool, threads=THREADS, populate=_populator(data))
+                                        pool=self._crc_pool, threads=THREADS)
         else:
             got = checksum_of(memoryview(data), self._crc_pool)
         if got != manifest.files[DATA].crc32:
@@ -699,7 +699,6 @@ def _world_size() -> int:
 
 #: Device memory left free after an upload-verify (allocator slack, the step's activations).
 UPLOAD_HEADROOM = 512 << 20
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
 
 
 def _upload_devices(saved: Any, specs: tuple[fmt.TensorSpec, ...], current: Mapping[str, Any]) -> list[torch.device] | None:
@@ -726,17 +725,6 @@ def _upload_devices(saved: Any, specs: tuple[fmt.TensorSpec, ...], current: Mapp
                      "verifying first, then copying", free / 1e9, d, nbytes / 1e9)
             return None
     return devices
-
-
-def _populator(data: mmap.mmap) -> upload.PopulateFn | None:
-    """Fault a part of the mapping in with one call (MADV_POPULATE_READ) instead of a page fault per
-    page; a kernel without it (before 5.14) faults on first touch as before."""
-    def populate(lo: int, nbytes: int) -> None:
-        try:
-            data.madvise(MADV_POPULATE_READ, lo, nbytes)
-        except (OSError, ValueError):
-            pass
-    return populate
 
 
 def _unmap(data: mmap.mmap) -> None:

@@ -93,6 +93,10 @@ def _render(a: Any) -> None:
     head.add_row("checkpoints", f"{a.checkpoints} durable{snaps}; stall {_num(cal.stall, '.4g')} s, wait "
                                 f"{_num(cal.waited, '.4g')} s, write {_num(cal.write, '.4g')} s mean; "
                                 f"interval {cal.interval_steps or '-'} steps")
+    if cal.mem_snapshots:
+        head.add_row("memory snapshots", f"{cal.mem_snapshots} (reference rank); stall {_num(cal.mem_stall, '.4g')} s, "
+                                         f"wait {_num(cal.mem_waited, '.4g')} s, commit {_num(cal.mem_commit, '.4g')} s "
+                                         f"mean; every {cal.memory_every or '-'} steps")
     f = a.freshness
     head.add_row("checkpoint freshness", f"mean {_num(f['mean_age_steps'], '.1f')} steps / {_num(f['mean_age_s'], '.1f')} s, "
                                          f"max {_num(f['max_age_steps'], '.0f')} steps / {_num(f['max_age_s'], '.1f')} s")
@@ -129,11 +133,11 @@ def _render(a: Any) -> None:
     else:
         out_console.print("no faults: the run never restarted")
 
-    timeline = Table("t (s)", "rank", "cycle.iter", "event", "detail", title="timeline (steps and stalls omitted)")
+    timeline = Table("t (s)", "rank", "cycle", "iter", "event", "detail", title="timeline (steps and stalls omitted)")
     shown = [e for e in a.timeline if e["kind"] != "ckpt_persist"]
     for e in shown[:60]:
-        detail = " ".join(f"{k}={e[k]}" for k in ("step", "cause", "layer", "status", "reason", "source") if k in e)
-        timeline.add_row(f"{e['t']:.2f}", str(e["rank"]), f"{e['cycle']}.{e['iteration']}", e["kind"], detail)
+        detail = " ".join(f"{k}={e[k]}" for k in ("step", "tier", "cause", "layer", "status", "reason", "source") if k in e)
+        timeline.add_row(f"{e['t']:.2f}", str(e["rank"]), str(e["cycle"]), str(e["iteration"]), e["kind"], detail)
     if len(shown) > 60:
-        timeline.add_row("...", "", "", f"{len(shown) - 60} more (see --json)", "")
+        timeline.add_row("...", "", "", "", f"{len(shown) - 60} more (see --json)", "")
     out_console.print(timeline)

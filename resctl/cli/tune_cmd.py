@@ -1,10 +1,17 @@
-"""`resctl tune-interval`: the checkpoint interval that maximises expected goodput.
+"""`resctl tune-interval`: the checkpoint intervals that maximise expected goodput.
 
 Measured inputs come from a run directory (`--from-run DIR`: step compute, save stalls, write
-times, recovery times, the interval and mode the run used) or from flags; a flag beats the run.
-The model (docs/tuning.md, `resctl.tuning.model`) takes Daly's optimum on the time a save blocks
-training and, for async saves, never goes below `headroom x write time`: a shorter interval puts
-every save into back-pressure, where the next save waits for the previous write.
+times, recovery times, memory snapshot stalls and commits, the intervals and mode the run used) or
+from flags; a flag beats the run. The model (docs/tuning.md, `resctl.tuning.model`) takes Daly's
+optimum on the time a save blocks training and, for async saves, never goes below
+`headroom x write time`: a shorter interval puts every save into back-pressure, where the next save
+waits for the previous write.
+
+With memory-tier numbers (a run with `checkpoint.memory_every > 0`, or `--mem-stall` and
+`--mem-commit`) it plans two tiers (`resctl.tuning.two_tier`): `memory_every` from the snapshot's
+copy against faults the node survives, `interval_steps` from the disk write against node faults,
+a multiple of `memory_every`, both within `--max-overhead`. Without them it plans the disk alone
+and says why.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ import typer
 EPILOG = (
     "Examples: resctl tune-interval --from-run resctl-runs/abc --mtbf 24h --nodes 16  |  "
     "resctl tune-interval --step-time 2.8s --stall 1s --write-time 275s --restart 17s --mtbf 24h --nodes 2 "
-    "--interval 100  |  resctl tune-interval --from-run DIR --mtbf 24h --write-profile prod.toml"
+    "--interval 100  |  resctl tune-interval --from-run DIR --mtbf 24h --write-profile prod.toml  |  "
+    "resctl tune-interval --from-run DIR --mtbf 24h --node-mtbf 30d --nodes 16 --max-overhead 1% --toml"
 )
 
 Opt = typer.Option
@@ -49,6 +57,21 @@ def _size(name: str, value: Optional[str]) -> Optional[float]:
         raise UsageError(f"{name}: {err}") from None
 
 
+def _fraction(name: str, value: str) -> float:
+    """0.01 from `1%` or `0.01`; UsageError unless strictly between 0 and 1."""
+    from resctl.errors import UsageError
+
+    text = value.strip()
+    try:
+        number = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
+    except ValueError:
+        number = math.nan
+    if not 0.0 < number < 1.0:
+        raise UsageError(f"{name} {value!r}: give the overhead allowed as a percentage or fraction between 0 and 1 "
+                         "(e.g. 1% or 0.01)")
+    return number
+
+
 def tune_interval(
     from_run: Annotated[Optional[Path], Opt("--from-run", help="Run directory whose events calibrate the model.")] = None,
     step_time: Annotated[Optional[str], Opt("--step-time", help="Compute time of one optimizer step (e.g. 2.8s, 94ms).")] = None,
@@ -63,13 +86,23 @@ def tune_interval(
     sync: Annotated[Optional[bool], Opt("--sync/--async", help="How the job saves (default: the run's checkpoint.async, else async).")] = None,
     write_slowdown: Annotated[Optional[float], Opt("--write-slowdown", min=1.0, help="Step compute while a background write runs over step compute without one (c_w/c_0; default: measured by --from-run, else 1.0).")] = None,
     headroom: Annotated[float, Opt("--headroom", min=1.0, help="Async: keep the compute between saves >= this x the write time.")] = 1.2,
+    mem_stall: Annotated[Optional[str], Opt("--mem-stall", help="Time one memory snapshot blocks training (the copy out of the state; default: the run's ckpt_mem).")] = None,
+    mem_commit: Annotated[Optional[str], Opt("--mem-commit", help="Background commit of one memory snapshot: checksum, manifest (stage=device: also the device-to-host copy).")] = None,
+    memory_every: Annotated[Optional[int], Opt("--memory-every", min=1, help="The memory_every the job uses now (default: the run's).")] = None,
+    node_mtbf: Annotated[Optional[str], Opt("--node-mtbf", help="Mean time between faults that lose a node's memory, of ONE node (>= --mtbf); default: every fault may.")] = None,
+    max_overhead: Annotated[str, Opt("--max-overhead", help="Two tiers: fault-free overhead allowed for both tiers together (e.g. 1%).")] = "1%",
     as_json: Annotated[bool, Opt("--json", help="One JSON document on stdout.")] = False,
-    write_profile: Annotated[Optional[Path], Opt("--write-profile", help="Set [checkpoint] interval_steps in this TOML profile (rest of the file kept).")] = None,
+    as_toml: Annotated[bool, Opt("--toml", help="Print the plan as a profile's [checkpoint] section on stdout.")] = False,
+    write_profile: Annotated[Optional[Path], Opt("--write-profile", help="Set [checkpoint] interval_steps (and memory_every with two tiers) in this TOML profile (rest of the file kept).")] = None,
 ) -> None:
-    """Recommend checkpoint.interval_steps from measured step, stall, write and restart times."""
+    """Recommend checkpoint.interval_steps (and memory_every) from measured step, stall, write, snapshot and restart times."""
     from resctl.errors import UsageError
-    from resctl.tuning.inputs import Inputs, MissingInput, assemble
+    from resctl.tuning.inputs import Inputs, MemoryInputs, MissingInput, assemble
     from resctl.tuning.model import recommend
+
+    if as_json and as_toml:
+        raise UsageError("--json and --toml both print on stdout: give one")
+    budget = _fraction("--max-overhead", max_overhead)
 
     calibration = None
     if from_run is not None:
@@ -84,38 +117,95 @@ def tune_interval(
     )
     if given.step_time == 0:
         raise UsageError("--step-time must be > 0")
-    if given.mtbf_per_node == 0:
-        raise UsageError("--mtbf must be > 0")
+    given_mem = MemoryInputs(stall=_duration("--mem-stall", mem_stall), commit=_duration("--mem-commit", mem_commit),
+                             memory_every=memory_every, node_mtbf_per_node=_duration("--node-mtbf", node_mtbf))
+    for flag, value in (("--mtbf", given.mtbf_per_node), ("--node-mtbf", given_mem.node_mtbf_per_node)):
+        if value == 0:
+            raise UsageError(f"{flag} must be > 0 (a mean time between failures, e.g. 24h)")
     try:
         assembled = assemble(given, calibration)
         rec = recommend(assembled.costs, assembled.current, assembled.mode)
+        two, mem, why_not = _two_tier(given_mem, calibration, assembled, nodes, budget)
+        now = _current(two, mem, rec, assembled, budget)
     except MissingInput as err:
         raise UsageError(str(err)) from None
     except ValueError as err:
         raise UsageError(f"cannot model this job: {err}") from None
 
+    values = {"interval_steps": rec.interval_steps} if two is None else \
+        {"interval_steps": two.interval_steps, "memory_every": two.memory_every}
     wrote = None
     if write_profile is not None:
-        from resctl.tuning.profile_edit import ProfileEditError, write_interval
+        from resctl.tuning.profile_edit import ProfileEditError, write_keys
 
         try:
-            wrote = write_interval(write_profile, rec.interval_steps)
+            wrote = write_keys(write_profile, values)
         except (ProfileEditError, OSError) as err:
-            raise UsageError(f"{write_profile}: cannot update checkpoint.interval_steps: {err}") from None
+            raise UsageError(f"{write_profile}: cannot update {', '.join('checkpoint.' + k for k in values)}: {err}") from None
 
+    sources = {**assembled.sources, **(mem.sources if mem else {})}
     if as_json:
-        doc: dict[str, Any] = {"recommendation": rec.to_json(), "sources": assembled.sources,
-                               "run": str(from_run) if from_run else None,
+        doc: dict[str, Any] = {"recommendation": rec.to_json(), "two_tier": two.to_json() if two else None,
+                               "two_tier_current": now if isinstance(now, str) or now is None else now.to_json(),
+                               "two_tier_skipped": why_not, "mtbf_assumption": mem.assumption if mem else None,
+                               "profile": values, "sources": sources, "run": str(from_run) if from_run else None,
                                "profile_written": str(write_profile) if wrote else None}
         typer.echo(json.dumps(doc, indent=2))
+    elif as_toml:
+        typer.echo(_toml(values, two, why_not), nl=False)
+    elif two is not None and mem is not None:
+        _render_inputs(rec, sources, mem)
+        _render_two(two, rec, mem, now)
     else:
         _render(rec, assembled.sources)
     from resctl.cli.render import info
 
-    for warning in rec.warnings:
+    if why_not and not as_json:
+        info(f"memory tier not planned: {why_not}", style="yellow")
+    for warning in rec.warnings + (two.warnings if two else []):
         info(f"warning: {warning}", style="bold yellow")
     if write_profile is not None:
-        info(f"{write_profile}: checkpoint.interval_steps = {rec.interval_steps}" + ("" if wrote else " (already)"))
+        info(f"{write_profile}: " + ", ".join(f"checkpoint.{k} = {v}" for k, v in values.items())
+             + ("" if wrote else " (already)"))
+
+
+def _two_tier(given: Any, calibration: Any, assembled: Any, nodes: int, budget: float) -> tuple[Any, Any, str | None]:
+    """(plan, its inputs, None) or (None, None, why the memory tier is not planned)."""
+    from resctl.tuning.inputs import assemble_memory
+    from resctl.tuning.two_tier import plan
+
+    mem = assemble_memory(given, calibration, assembled, nodes)
+    if isinstance(mem, str):
+        return None, None, mem
+    two = plan(mem.memory, assembled.costs, process_mtbf=mem.process_mtbf, node_mtbf=mem.node_mtbf,
+               mode=assembled.mode, max_overhead=budget)
+    return two, mem, None
+
+
+def _current(two: Any, mem: Any, rec: Any, assembled: Any, budget: float) -> Any:
+    """The job's current (memory_every, interval_steps) assessed like the plan; a sentence when it
+    cannot be (not a multiple); None without both numbers or without a plan."""
+    from dataclasses import replace
+
+    from resctl.tuning.two_tier import assess
+
+    if two is None or mem is None or mem.current is None or rec.current is None:
+        return None
+    m, n = mem.current, rec.current.interval_steps
+    if n < m or n % m:
+        return (f"interval_steps {n} is not a multiple of memory_every {m}: disk saves at other steps copy the "
+                "state again (not modelled)")
+    return assess(m, n, mem.memory, replace(assembled.costs, mtbf=mem.node_mtbf), process_mtbf=mem.process_mtbf,
+                  mode=assembled.mode, max_overhead=budget)
+
+
+def _toml(values: dict[str, int], two: Any, why_not: str | None) -> str:
+    if two is None:
+        head = f"# resctl tune-interval: disk checkpoints only ({why_not})"
+    else:
+        head = (f"# resctl tune-interval: memory snapshot every {two.memory_every} steps, disk every "
+                f"{two.interval_steps}; overhead {two.overhead:.2%} (budget {two.max_overhead:.2%})")
+    return "\n".join([head, "[checkpoint]", *(f"{k} = {v}" for k, v in values.items())]) + "\n"
 
 
 def _load_run(path: Path) -> Any:
@@ -136,7 +226,7 @@ def _secs(value: float) -> str:
     return f"{value * 1000:.3g}ms"
 
 
-def _render(rec: Any, sources: dict[str, str]) -> None:
+def _render_inputs(rec: Any, sources: dict[str, str], mem: Any = None) -> None:
     from rich.table import Table
 
     from resctl.cli.render import out_console
@@ -151,7 +241,71 @@ def _render(rec: Any, sources: dict[str, str]) -> None:
         ("current interval", f"{rec.current.interval_steps} steps" if rec.current else "-", "interval"),
     ):
         inputs.add_row(label, value, sources.get(key, "-"))
+    if mem is not None:
+        for label, value, key in (
+            ("memory snapshot stall", _secs(mem.memory.stall), "mem_stall"),
+            ("memory snapshot commit", _secs(mem.memory.commit), "mem_commit"),
+            ("current memory_every", f"{mem.current} steps" if mem.current else "-", "memory_every"),
+            ("MTBF, process faults", _secs(mem.process_mtbf), "process_mtbf"),
+            ("MTBF, node faults", _secs(mem.node_mtbf), "node_mtbf"),
+        ):
+            inputs.add_row(label, value, sources.get(key, "-"))
     out_console.print(inputs)
+
+
+_MEMORY_WHY = {
+    "daly": "Daly optimum on the {stall} snapshot stall against process faults every {mp}",
+    "commit": "compute between snapshots >= {h:g} x the {commit} commit, so no snapshot waits for the last",
+    "budget": "lengthened to keep the overhead within {budget}",
+    "disk-source": "no process faults: one snapshot per disk write, as its source",
+}
+_DISK_WHY = {
+    "daly": "single-tier optimum against node faults every {mn} (Daly)",
+    "back-pressure": "single-tier optimum against node faults every {mn} (back-pressure floor)",
+    "multiple": "single-tier optimum against node faults every {mn} ({n0}), rounded up to a multiple of memory_every",
+    "budget": "lengthened to keep the overhead within {budget}",
+    "mtbf": "capped at the node MTBF",
+}
+
+
+def _render_two(two: Any, rec: Any, mem: Any, now: Any) -> None:
+    from resctl.cli.render import out_console
+
+    t = rec.costs.step_time
+    words = dict(stall=_secs(mem.memory.stall), commit=_secs(mem.memory.commit), mp=_secs(mem.process_mtbf),
+                 mn=_secs(mem.node_mtbf), h=rec.costs.headroom, budget=f"{two.max_overhead:.2%}", n0=two.disk_only_interval)
+    lines = [
+        "recommended (two tiers):",
+        f"  checkpoint.memory_every = {two.memory_every}  ({_secs(two.memory_every * t)} of compute; "
+        f"{_MEMORY_WHY[two.memory_rule].format(**words)})",
+        f"  checkpoint.interval_steps = {two.interval_steps}  ({_secs(two.interval_steps * t)} of compute; "
+        f"{_DISK_WHY[two.disk_rule].format(**words)})",
+        f"  expected overhead {two.overhead:.2%} (memory snapshots {two.overhead_memory:.2%}), "
+        f"{'within' if two.feasible else 'OVER'} the {two.max_overhead:.2%} budget",
+        f"  work lost per process fault (restored from memory): {two.steps_lost_process:.1f} steps "
+        f"({_secs(two.loss_process_s)} of compute)",
+        f"  work lost per node fault (restored from disk): {two.steps_lost_node:.1f} steps ({_secs(two.loss_node_s)})",
+        f"  MTBF assumed: {mem.assumption}",
+    ]
+    if isinstance(now, str):
+        lines.append(f"current: {now}")
+    elif now is not None:
+        lines.append(f"current (memory_every = {now.memory_every}, interval_steps = {now.interval_steps}): overhead "
+                     f"{now.overhead:.2%}, {now.steps_lost_process:.1f} steps lost per process fault, "
+                     f"{now.steps_lost_node:.1f} per node fault")
+    p = rec.prediction
+    lines.append(f"one tier (memory_every = 0): checkpoint.interval_steps = {rec.interval_steps}, efficiency "
+                 f"{p.efficiency:.2%}, {p.steps_lost:.1f} steps lost per fault")
+    out_console.print("\n".join(lines))
+
+
+def _render(rec: Any, sources: dict[str, str]) -> None:
+    from rich.table import Table
+
+    from resctl.cli.render import out_console
+
+    c = rec.costs
+    _render_inputs(rec, sources)
     p = rec.prediction
     why = (f"Daly optimum on the {_secs(rec.costs.blocking(rec.mode))} blocking cost" if rec.bound == "daly" else
            f"back-pressure floor: {c.headroom:g} x {_secs(c.write)} write at {c.write_slowdown:.3g}x slower steps (Daly alone: {_secs(rec.daly_compute_s)})")

@@ -368,6 +368,10 @@ class Checkpoint(Section):
         "goes to the workers in RESCTL_REPLICA_ADDR); 0: any free port. Open it between nodes.",
     )
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are pruned after a newer one lands.")
+    keep_quarantined: int = Field(
+        3, ge=0, description="Damaged checkpoints kept in <dir>/.quarantine/ for inspection; older ones are deleted when "
+        "another is moved there (0: delete at once).",
+    )
     writers: int = Field(4, ge=1, le=64, description="Parallel writer threads per rank.")
     stage: Literal["host", "device"] = Field(
         "host",

@@ -93,8 +93,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("ckpt_skip", "load passed over a checkpoint it could not use", (
         _STEP_OPT,
         Field("reason", "str", "", "why it was skipped"),
-        Field("quarantined", "str", "", "where the damaged checkpoint was moved (null: left in place)",
-              optional=True),
+        Field("quarantined", "str", "", "where the damaged checkpoint was moved (null: left in place); "
+              "checkpoint.keep_quarantined may have deleted it since", optional=True),
     ), "resctl.checkpoint.engine"),
     Kind("ckpt_fail", "a checkpoint write failed (retried at the next interval)", (
         _STEP_OPT,
@@ -107,7 +107,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("run_id", "str", "", "the run that wrote it", optional=True),
         Field("path", "str", "", "the checkpoint directory"),
     ), "resctl.checkpoint.engine"),
-    Kind("ckpt_mem", "a memory-tier snapshot was committed (complete in host shared memory)", (
+    Kind("ckpt_mem", "a memory-tier snapshot was committed (complete in host shared memory); written when the "
+         "background commit ends, so the loop was blocked during `[t - commit - seconds, t - commit]`", (
         Field("step", "int", "step", "training step the snapshot holds"),
         Field("seconds", "float", "s", "time the training loop was blocked (the copy, and `waited`)"),
         Field("waited", "float", "s", "part of `seconds` spent waiting for the previous commit or a disk write "

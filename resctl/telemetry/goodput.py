@@ -26,6 +26,14 @@ time; the Prometheus metrics feed the same `Analyzer` as lines arrive. Definitio
   (under 1 % of their compute) give `c_0`, their mean compute; the others give `c_w` =
   overlapped time / the step work done in it, where a step's work outside the window is its
   outside time / `c_0`. `write_slowdown = c_w / c_0`. None when fewer than 3 steps of either kind.
+- **Memory tier**: a reference-rank `ckpt_mem` blocked the loop for `[t - commit - seconds,
+  t - commit]` (the event is written when its background commit ends); that time is a save stall
+  and is taken out of step compute like a `ckpt_stall`, from the first step recorded after the
+  event (a commit longer than a step moves it to a later step than the one it blocked: the mean
+  step compute is the same). Calibration: the snapshot stall is
+  the mean of `seconds - waited` over each epoch's snapshots after its first (the first also maps
+  the slot), `commit` and `bytes` are means over all; the memory interval is plan.json's
+  `checkpoint.memory_every`, else the most common gap between snapshot steps.
 - **Kept step**: a step not rolled back, i.e. not above the step a later epoch resumed from.
 - **Training goodput**: kept steps x their compute (the first step of an epoch counts the mean
   step compute), over the wall time from the first `start` to the last event.
@@ -71,7 +79,7 @@ PEER_ERROR = re.compile(r"closed by peer|connection reset|broken pipe|DistBacken
 TRACK_CAP = 4096  # step samples kept per epoch (decimated beyond: exact for rollbacks to a sample)
 METRICS_TRACK_CAP = 256  # the same for the metrics (no calibration): a few KB per epoch
 SERIES_CAP = 2000  # points of the goodput / freshness series
-TIMELINE_KINDS = ("start", "ckpt_persist", "snapshot", "fault", "restart", "resume", "end", "ckpt_skip")
+TIMELINE_KINDS = ("start", "ckpt_persist", "snapshot", "fault", "restart", "ckpt_load", "resume", "end", "ckpt_skip")
 MIN_INTERFERENCE_SAMPLES = 3
 
 
@@ -117,6 +125,12 @@ class Calibration:
     write_slowdown: float | None = None  # c_w / c_0 (None: too few steps of either kind)
     idle_samples: int = 0
     writing_samples: int = 0
+    mem_snapshots: int = 0  # ckpt_mem events of the reference rank (0: the memory tier was off)
+    mem_stall: float | None = None  # mean time a memory snapshot blocked, minus its wait
+    mem_waited: float | None = None  # mean wait for the previous commit or a disk write reading the slot
+    mem_commit: float | None = None  # mean staged-to-committed time in the background
+    mem_bytes: float | None = None
+    memory_every: int | None = None  # from plan.json, else the most common gap between snapshots
 
 
 @dataclass(frozen=True)
@@ -350,6 +364,8 @@ class Analyzer:
         self.ckpt = _SaveStats()  # resctl.checkpoint saves and intercepted torch.save (ckpt_* events)
         self.plain = _SaveStats()  # the script's own plain torch.save (snapshot events)
         self.engine_saves = 0  # resctl.checkpoint saves (their interval is checkpoint.interval_steps)
+        self.mem = _SaveStats()  # memory-tier snapshots (ckpt_mem) of the reference rank
+        self.mem_commit = [0.0, 0.0, 0.0, 0.0]  # commit seconds, commits timed, bytes, snapshots sized
         self.windows: list[tuple[float, float]] = []
         self.pieces = array("d")  # start, end, step index (flat triples)
         self.piece_compute = array("d")
@@ -409,6 +425,9 @@ class Analyzer:
     def _other(self, ep: _Epoch, e: Event, t: float, kind: str, rank: int) -> None:
         if kind == "ckpt_stall":
             self._stall(ep, e, rank == self.ref)
+        elif kind == "ckpt_mem":
+            if rank == self.ref:
+                self._mem(ep, e)
         elif kind == "start":
             if self.t0 is None or t < self.t0:
                 self.t0 = t
@@ -521,6 +540,19 @@ class Analyzer:
             if e["step"] is not None:
                 self.ckpt.steps.add(e["step"])
 
+    def _mem(self, ep: _Epoch, e: Event) -> None:
+        seconds, waited, commit = e["seconds"], e["waited"] or 0.0, e["commit"] or 0.0
+        end = e["t"] - commit
+        ep.stalls.append((end - seconds, end))
+        self.mem.stall(ep.key, max(0.0, seconds - waited), waited)
+        self.mem.steps.add(e["step"])
+        if e["commit"] is not None:
+            self.mem_commit[0] += commit
+            self.mem_commit[1] += 1
+        if e["bytes"] is not None:
+            self.mem_commit[2] += e["bytes"]
+            self.mem_commit[3] += 1
+
     def _persist(self, ep: _Epoch, e: Event) -> None:
         t, seconds = e["t"], e["seconds"]
         if e["path"] is None and e["step"] is not None:
@@ -631,7 +663,7 @@ class Analyzer:
         # The job's checkpoints: resctl.checkpoint's or the intercepted torch.save's when there are
         # any (a plain torch.save of the final weights is not one of them), else the script's own.
         saves = self.ckpt if self.ckpt.count[1] else self.plain
-        interval, async_ = _plan_checkpoint(self.plan)
+        interval, async_, memory_every = _plan_checkpoint(self.plan)
         if self.snapshot_steps and not self.engine_saves:
             interval = None  # the script saves when it wants: checkpoint.interval_steps does not apply
         if interval is None:
@@ -641,6 +673,8 @@ class Analyzer:
         totals = [r.total for r in recoveries if r.total is not None]
         c0, cw, n_idle, n_busy = self._interference() if self.calibrate else (None, None, 0, 0)
         stall, waited, write, size = saves.means()
+        mem_stall, mem_waited, _, _ = self.mem.means()
+        commits, commit_n, mem_bytes, bytes_n = self.mem_commit
         return Calibration(
             step_time=mean_step,
             step_time_p50=(percentile(self.samples, 50) or 0.0) if self.calibrate else mean_step,
@@ -652,6 +686,9 @@ class Analyzer:
             wall_s=wall, step_time_idle=c0, step_time_writing=cw,
             write_slowdown=cw / c0 if cw is not None and c0 else None,
             idle_samples=n_idle, writing_samples=n_busy,
+            mem_snapshots=int(self.mem.count[1]), mem_stall=mem_stall, mem_waited=mem_waited,
+            mem_commit=commits / commit_n if commit_n else None, mem_bytes=mem_bytes / bytes_n if bytes_n else None,
+            memory_every=memory_every if memory_every else self.mem.interval(),
         )
 
     def _interference(self) -> tuple[float | None, float | None, int, int]:
@@ -700,20 +737,23 @@ def analyze_stream(events: Iterable[Event], plan: Mapping[str, Any] | None = Non
     return analyzer.result(damaged_lines)
 
 
-def _plan_checkpoint(plan: Mapping[str, Any] | None) -> tuple[int | None, bool | None]:
+def _plan_checkpoint(plan: Mapping[str, Any] | None) -> tuple[int | None, bool | None, int | None]:
+    """(interval_steps, async, memory_every) of plan.json's profile; None where absent or not valid."""
     profile = plan.get("profile") if isinstance(plan, Mapping) else None
     section = profile.get("checkpoint") if isinstance(profile, Mapping) else None
     if not isinstance(section, Mapping):
-        return None, None
+        return None, None, None
     interval = section.get("interval_steps")
     mode = section.get("async")
-    return (interval if type(interval) is int else None), (mode if isinstance(mode, bool) else None)
+    memory = section.get("memory_every")
+    return ((interval if type(interval) is int and interval > 0 else None), (mode if isinstance(mode, bool) else None),
+            (memory if type(memory) is int and memory > 0 else None))
 
 
 def _timeline_row(e: Event, t0: float) -> dict[str, Any]:
     row = {"t": round(e["t"] - t0, 6), "rank": e["rank"], "cycle": e["cycle"], "iteration": e["iteration"],
            "kind": e["kind"]}
-    for k in ("step", "cause", "layer", "status", "seconds", "reason", "injected", "path", "source"):
+    for k in ("step", "cause", "layer", "status", "seconds", "reason", "injected", "path", "source", "tier"):
         if e.get(k) is not None:
             row[k] = e[k]
     return row

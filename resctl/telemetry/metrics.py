@@ -138,6 +138,8 @@ class RunCollector:
             self.last["step_seconds"] = e["duration"]
         elif kind == "ckpt_stall":
             self.last["stall"] = e["seconds"]
+        elif kind == "ckpt_mem" and (ref is None or e["rank"] <= ref):
+            self.last["mem_stall"] = e["seconds"]
         elif kind in ("ckpt_persist", "snapshot") and (ref is None or e["rank"] <= ref):
             self.last["persist"] = e["seconds"]
             if e["bytes"] is not None:
@@ -156,10 +158,13 @@ class RunCollector:
                 counts[(rec.layer, rec.cause)] = counts.get((rec.layer, rec.cause), 0) + 1
             totals = [rec.total for rec in r.recoveries if rec.total is not None]
             tiers: dict[str, int] = {}
+            rolled: dict[str, int] = {}
             for rec in r.recoveries:
                 tiers[rec.tier or "none"] = tiers.get(rec.tier or "none", 0) + 1
-            values.update(restarts=counts, recovery=totals[-1] if totals else None, tiers=tiers,
+                rolled[rec.tier or "none"] = rolled.get(rec.tier or "none", 0) + rec.rollback_steps
+            values.update(restarts=counts, recovery=totals[-1] if totals else None, tiers=tiers, rolled=rolled,
                           rollback=r.recoveries[-1].rollback_steps if r.recoveries else None,
+                          last_tier=(r.recoveries[-1].tier or "none") if r.recoveries else None,
                           training=r.training_goodput, infrastructure=r.infrastructure_goodput)
         return values
 
@@ -195,6 +200,7 @@ class RunCollector:
         gauges = {
             "step_seconds": ("resctl_step_seconds", "Duration of the last optimizer step."),
             "stall": ("resctl_checkpoint_stall_seconds", "Time the last save blocked the training loop."),
+            "mem_stall": ("resctl_memory_snapshot_stall_seconds", "Time the last memory-tier snapshot blocked the loop."),
             "persist": ("resctl_checkpoint_persist_seconds", "Stage-to-durable time of the last checkpoint."),
             "bytes": ("resctl_checkpoint_bytes", "Size of the last checkpoint."),
         }
@@ -215,8 +221,16 @@ class RunCollector:
         for tier, n in sorted(v["tiers"].items()):
             by_tier.add_metric([tier], n)
         yield by_tier
+        rolled = CounterMetricFamily("resctl_rolled_back_steps", "Steps rolled back by recoveries, by the tier their "
+                                     "state came from.", labels=["tier"])
+        for tier, n in sorted(v["rolled"].items()):
+            rolled.add_metric([tier], n)
+        yield rolled
         if v["rollback"] is not None:
-            yield GaugeMetricFamily("resctl_rollback_steps", "Steps the last recovery rolled back.", value=v["rollback"])
+            last = GaugeMetricFamily("resctl_rollback_steps", "Steps the last recovery rolled back (label: its tier).",
+                                     labels=["tier"])
+            last.add_metric([v["last_tier"]], v["rollback"])
+            yield last
         if v["recovery"] is not None:
             yield GaugeMetricFamily("resctl_recovery_seconds", "Fault to first step of the last recovery.", value=v["recovery"])
         yield GaugeMetricFamily("resctl_training_goodput_ratio", "Time producing kept steps over wall time.",

@@ -45,7 +45,7 @@ def figures(a: RunAnalysis) -> list[Any]:
             fig.add_trace(go.Scatter(
                 x=[e["t"] for e in evs], y=[e.get("step", 0) for e in evs], mode="markers", name=label,
                 marker={"symbol": symbol, "size": 9, "color": color},
-                text=[f"rank {e['rank']} cycle {e['cycle']}.{e['iteration']}" for e in evs]), row=1, col=1)
+                text=[f"rank {e['rank']} cycle {e['cycle']} iteration {e['iteration']}" for e in evs]), row=1, col=1)
     faults = [e for e in a.timeline if e["kind"] == "fault"]
     if faults:
         fig.add_trace(go.Scatter(
@@ -70,7 +70,8 @@ def figures(a: RunAnalysis) -> list[Any]:
 
     if a.recoveries:
         bars = go.Figure()
-        labels = [f"#{i + 1} {r.layer}: {r.cause} @ {r.t_fault:.0f}s" for i, r in enumerate(a.recoveries)]
+        labels = [f"#{i + 1} {r.layer}: {r.cause} @ {r.t_fault:.0f}s, {r.last_step}->{r.resumed_step} from {r.tier or '?'}"
+                  for i, r in enumerate(a.recoveries)]
         for phase, color in PHASES:
             bars.add_trace(go.Bar(y=labels, x=[getattr(r, phase) or 0.0 for r in a.recoveries], name=phase.replace("_", " "),
                                   orientation="h", marker_color=color))
@@ -109,6 +110,8 @@ def render_html(a: RunAnalysis, title: str = "resctl report") -> str:
         rec_rows.append((phase.replace("_", " "), f"p50 {_fmt(s['p50'])} s, p95 {_fmt(s['p95'])} s, max {_fmt(s['max'])} s"))
     r = a.rollback_stats
     rec_rows.append(("rollback", f"p50 {_fmt(r['p50'], '.0f')}, p95 {_fmt(r['p95'], '.0f')}, max {_fmt(r['max'], '.0f')} steps"))
+    rec_rows += [(f"#{i + 1} {x.layer}: {x.cause}", f"rolled back {x.last_step}->{x.resumed_step}, state from "
+                  f"{x.tier or 'unknown (no ckpt_load)'}") for i, x in enumerate(a.recoveries)]
     figs = figures(a)
     parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
              for i, fig in enumerate(figs)]

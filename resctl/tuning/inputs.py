@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from resctl.telemetry.goodput import Calibration
 from resctl.tuning.model import DEFAULT_HEADROOM, Costs, Mode
+from resctl.tuning.two_tier import MemoryCosts
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*(/\s*s)?\s*$")
 _FACTORS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -143,3 +144,83 @@ def assemble(given: Inputs, run: Calibration | None) -> Assembled:
     costs = Costs(step_time=step, stall=stall, write=write, restart=restart, mtbf=mtbf, headroom=given.headroom,
                   write_slowdown=slowdown)
     return Assembled(costs, current, mode, src)
+
+
+@dataclass
+class MemoryInputs:
+    """Explicit memory-tier numbers from the command line (None: not given). Seconds."""
+
+    stall: float | None = None  # --mem-stall
+    commit: float | None = None  # --mem-commit
+    memory_every: int | None = None  # --memory-every: what the job uses now
+    node_mtbf_per_node: float | None = None  # --node-mtbf
+
+
+@dataclass
+class MemoryAssembled:
+    memory: MemoryCosts
+    process_mtbf: float  # job level; inf: every fault loses the node
+    node_mtbf: float  # job level
+    current: int | None  # memory_every the job uses now
+    assumption: str  # the MTBF split, in words
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def assemble_memory(given: MemoryInputs, run: Calibration | None, disk: Assembled,
+                    nodes: int = 1) -> MemoryAssembled | str:
+    """The memory tier's inputs, or why it cannot be planned (a sentence for the user). Raises
+    `MissingInput` for a number that is given half (a stall without a commit) or is not usable."""
+    src: dict[str, str] = {}
+    measured = run is not None and run.mem_snapshots > 0
+    if given.stall is None and not measured:
+        if run is not None:
+            return ("the run has no memory-tier snapshots (no ckpt_mem events: checkpoint.memory_every was 0 or the "
+                    "tier was off); calibrate with a run at memory_every = 1, or give --mem-stall and --mem-commit")
+        return "no memory-tier numbers: give --mem-stall and --mem-commit, or --from-run a run with memory_every > 0"
+    if given.stall is not None:
+        stall, src["mem_stall"] = given.stall, "--mem-stall"
+    else:
+        assert run is not None and run.mem_stall is not None
+        stall, src["mem_stall"] = run.mem_stall, f"run: mean of {run.mem_snapshots} ckpt_mem (seconds - waited)"
+    if given.commit is not None:
+        commit, src["mem_commit"] = given.commit, "--mem-commit"
+    elif measured and run is not None and run.mem_commit is not None:
+        commit, src["mem_commit"] = run.mem_commit, "run: mean ckpt_mem commit"
+    else:
+        raise MissingInput("no memory snapshot commit time: give --mem-commit (the background checksum and manifest "
+                           "of one snapshot; with stage = device also its device-to-host copy)")
+    try:
+        memory = MemoryCosts(stall, commit)
+    except ValueError as err:
+        raise MissingInput(f"{err} (mem_stall from {src['mem_stall']}, mem_commit from {src['mem_commit']}); "
+                           "give --mem-stall and --mem-commit") from None
+
+    mtbf = disk.costs.mtbf
+    if given.node_mtbf_per_node is not None:
+        node = given.node_mtbf_per_node / max(1, nodes)
+        if node < mtbf * (1 - 1e-9):
+            raise MissingInput(f"--node-mtbf ({given.node_mtbf_per_node:g} s per node) is shorter than the MTBF of all "
+                               f"faults ({mtbf * max(1, nodes):g} s per node): node losses are some of the faults; "
+                               "give a --node-mtbf at least --mtbf")
+        process = math.inf if node <= mtbf * (1 + 1e-9) else 1.0 / (1.0 / mtbf - 1.0 / node)
+        src["node_mtbf"] = f"--node-mtbf / --nodes {nodes}"
+        src["process_mtbf"] = f"1 / (1/MTBF - 1/node MTBF), MTBF from {disk.sources.get('mtbf', '-')}"
+        assumption = (f"a node lost every {_hours(node)}, other faults (the node survives) every "
+                      + ("- (none)" if math.isinf(process) else _hours(process)) + ", for the whole job")
+    else:
+        node = process = mtbf
+        src["node_mtbf"] = src["process_mtbf"] = f"the job MTBF ({disk.sources.get('mtbf', '-')}), both: worst case"
+        assumption = (f"any fault (one every {_hours(mtbf)} for the whole job) may lose the node (disk interval) or only "
+                      "the process (memory interval): each tier planned for its worst case; give --node-mtbf to split them")
+    if given.memory_every is not None:
+        current: int | None = given.memory_every
+        src["memory_every"] = "--memory-every"
+    elif run is not None and run.memory_every is not None:
+        current, src["memory_every"] = run.memory_every, "run"
+    else:
+        current = None
+    return MemoryAssembled(memory, process, node, current, assumption, src)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds:.3g} s"

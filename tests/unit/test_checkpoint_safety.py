@@ -76,6 +76,41 @@ def test_damaged_multi_file_checkpoint_is_quarantined_and_the_previous_loads(tmp
     assert skips[-1]["step"] == 2 and skips[-1]["quarantined"] == str(moved[0])
 
 
+@pytest.mark.parametrize("keep", [0, 2])
+def test_quarantine_keeps_the_newest_n_and_never_the_good_checkpoint(tmp_path: Path, keep: int) -> None:
+    """Steps 1-5 saved; steps 5, 4, 3 and 2 damaged one after another, each found by a load. With
+    keep_quarantined = N only the N most recently quarantined stay; step 1, the last good one,
+    is never touched and loads every time, bit for bit."""
+    root, run = tmp_path / "ck", tmp_path / "run"
+    ck = _ck(root, run, keep_last=10, keep_quarantined=keep)
+    for step in range(1, 6):
+        ck.save(_state(step), step)
+    good = {p.name: p.read_bytes() for p in (root / "step-000000001").iterdir()}
+    for bad in (5, 4, 3, 2):
+        _flip(root / f"step-{bad:09d}" / "data-0.bin")
+        state: dict[str, Any] = {"w": None, "b": None, "info": None}
+        assert _ck(root, run, keep_quarantined=keep).load(state) == bad - 1
+        kept = sorted((root / ".quarantine").iterdir())
+        assert len(kept) == min(keep, 6 - bad), kept
+    assert sorted(p.name.split("-")[1] for p in kept) == ["000000002", "000000003"][:keep]
+    assert _steps(root) == [1] and {p.name: p.read_bytes() for p in (root / "step-000000001").iterdir()} == good
+    assert float(state["w"][0]) == 1.0
+    skips = [e for e in read_events(run) if e["kind"] == "ckpt_skip"]
+    assert [e["step"] for e in skips] == [5, 4, 3, 2] and all(e["quarantined"] for e in skips)
+
+
+def test_a_quarantine_that_is_a_link_is_never_pruned(tmp_path: Path) -> None:
+    """`.quarantine` linked to the checkpoint directory itself (a hostile or careless setup): pruning
+    would see the step directories; it must prune nothing."""
+    root = tmp_path / "ck"
+    ck = _ck(root, keep_last=10, keep_quarantined=0)
+    for step in (1, 2):
+        ck.save(_state(step), step)
+    os.symlink(root, root / ".quarantine")
+    assert ck.prune_quarantine() == 0
+    assert _steps(root) == [1, 2]
+
+
 @pytest.mark.parametrize("how", ["rename", "copy"])
 def test_step_comes_from_the_manifest_not_the_directory_name(tmp_path: Path, how: str) -> None:
     root = tmp_path / "ck"

@@ -72,7 +72,7 @@ def test_scraped_values_match_the_events(tmp_path: Path) -> None:
     assert got["resctl_checkpoint_persist_seconds"] == 0.5 and got["resctl_checkpoint_bytes"] == 4096
     assert got['resctl_restarts_total{cause="sigkill",layer="launcher"}'] == 1
     assert got['resctl_recoveries_by_tier_total{tier="disk"}'] == 1
-    assert got["resctl_rollback_steps"] == 2
+    assert got['resctl_rollback_steps{tier="disk"}'] == 2 and got['resctl_rolled_back_steps_total{tier="disk"}'] == 2
     assert 0 < got["resctl_training_goodput_ratio"] < 1
     assert 0 < got["resctl_infrastructure_goodput_ratio"] <= 1
     assert got["resctl_recovery_seconds"] > 0
