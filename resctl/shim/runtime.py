@@ -337,6 +337,8 @@ class Shim:
 
     def finish(self, status: str) -> None:
         self.events.emit("end", status=status, step=self.step)
+        if self.stop_step is not None and status != "sigterm":  # a stopping rank's wait has ended already
+            self.stop_step.close()
         self.heartbeats.close()
         if status == "ok" and self.checkpointer is not None:
             self.checkpointer.release_memory()  # a clean end: no restart will restore this rank's snapshots
@@ -359,6 +361,14 @@ class Shim:
             return result
 
         self.patches.set(dist, "init_process_group", init_process_group)
+        original_destroy = dist.destroy_process_group
+
+        def destroy_process_group(group: Any = None) -> Any:
+            if group is None and shim.stop_step is not None:
+                shim.stop_step.close()  # before rank 0, which hosts the store, may leave
+            return original_destroy(group)
+
+        self.patches.set(dist, "destroy_process_group", destroy_process_group)
         self._patch_user_rank_monitor()
         self._configure_checkpoint()
         snapshots.install(self)  # after the torch.save interceptor: sees intercepted saves too

@@ -33,11 +33,10 @@ import time
 from typing import Any, Callable, Optional
 
 PREFIX = "resctl/stop/"
-WAKE = PREFIX + "wake"
 COUNT = PREFIX + "count"
 ALL = PREFIX + "all"
-#: How long the wake thread's blocking wait lasts before it is renewed (a timed-out wait is logged by c10d).
-WATCH_RENEW = datetime.timedelta(hours=1)
+#: How long the wake thread's blocking wait lasts before it is renewed (c10d logs a timed-out wait).
+WATCH_RENEW = datetime.timedelta(days=1)
 
 
 class StopStepUnavailable(Exception):
@@ -46,6 +45,11 @@ class StopStepUnavailable(Exception):
 
 def proposal_key(rank: int) -> str:
     return f"{PREFIX}proposal/{rank}"
+
+
+def wake_key(rank: int) -> str:
+    """One wake key per rank, so that a rank can end its own wait (`close`) without waking the others."""
+    return f"{PREFIX}wake/{rank}"
 
 
 class StopStep:
@@ -63,6 +67,7 @@ class StopStep:
         self.proposed = threading.Event()
         self.proposal: Optional[int] = None
         self.closed = False
+        self._watcher: Optional[threading.Thread] = None
 
     def claim(self) -> bool:
         """True for the first caller only: it makes this rank's proposal."""
@@ -77,7 +82,7 @@ class StopStep:
             self._ops.set(proposal_key(self.rank), str(step))
             if self._ops.add(COUNT, 1) >= self.world_size:
                 self._ops.set(ALL, "1")
-            self._ops.set(WAKE, "1")
+            self._ops.multi_set([wake_key(r) for r in range(self.world_size)], ["stop"] * self.world_size)
         except Exception:  # noqa: BLE001 - the store is gone: agree() says so
             pass
         finally:
@@ -109,15 +114,17 @@ class StopStep:
 
     def watch(self, on_wake: Callable[[], None]) -> None:
         """Start the thread that calls `on_wake` once some rank has proposed a stop."""
-        threading.Thread(target=self._watch, args=(on_wake,), name="resctl-stop-step", daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, args=(on_wake,), name="resctl-stop-step", daemon=True)
+        self._watcher.start()
 
     def _watch(self, on_wake: Callable[[], None]) -> None:
+        key = wake_key(self.rank)
         while not self.closed:
             try:
-                self._watch_store.wait([WAKE], WATCH_RENEW)
+                self._watch_store.wait([key], WATCH_RENEW)
             except Exception:  # noqa: BLE001 - renewed after a timeout; a gone store ends the thread
                 try:
-                    if not self._watch_store.check([WAKE]):
+                    if not self._watch_store.check([key]):
                         continue
                 except Exception:  # noqa: BLE001
                     return
@@ -125,9 +132,22 @@ class StopStep:
                 on_wake()
             return
 
-    def close(self) -> None:
-        """This group is over (an in-process restart makes a new one): ignore its wake key from now on."""
+    def close(self, join_timeout: float = 5.0) -> None:
+        """This group is over (the script ended, or an in-process restart makes a new one): end the
+        wait, and the thread, before the interpreter exits. A thread still inside the store's wait
+        then would abort the process ("terminate called without an active exception": the wait
+        returns when rank 0's store goes, and a daemon thread that takes the GIL back during
+        finalization is unwound through C++); and c10d logs a wait cut by a closed connection."""
+        if self.closed:
+            return
         self.closed = True
+        try:
+            self._ops.set(wake_key(self.rank), "closed")
+        except Exception:  # noqa: BLE001 - the store is gone already
+            return
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(join_timeout)
 
 
 def open_for_default_group() -> Optional[StopStep]:

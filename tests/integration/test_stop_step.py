@@ -140,3 +140,15 @@ def test_a_peer_killed_before_it_proposes_does_not_hold_the_stop(tmp_path: Path)
     assert newest_checkpoint(tmp_path / "ckpt") == 20
     assert "saving at step 20 without the other ranks" in results[0][1]
     assert took < 45, f"bounded exit: {took:.1f}s"
+
+
+def test_a_job_that_ends_normally_ends_its_stop_step_waits_quietly(tmp_path: Path) -> None:
+    # Each rank's stop-step thread waits in the store rank 0 hosts; it is ended before rank 0 leaves
+    # (destroy_process_group, the end of the script), else c10d logs the cut connection with a trace.
+    procs = []
+    for _ in range(3):
+        procs = start_ranks(tmp_path / f"r{len(procs)}{_}", ["--steps", "30"])
+        results = finish_all(procs, timeout=90)
+        logs = "\n".join(out for _, out in results)
+        assert [code for code, _ in results] == [0, 0], logs[-3000:]
+        assert "recvValue" not in logs and "Connection was likely closed" not in logs, logs[-3000:]
