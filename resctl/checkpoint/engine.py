@@ -280,8 +280,9 @@ class Checkpointer:
     def maybe_save(self, state: MutableMapping[str, Any], step: int) -> bool:
         """Save when `step % interval_steps == 0`; always remember (state, step) for `save_final`.
 
-        After `request_final_save()`, the next call (a step boundary) runs `save_final()` instead,
-        whatever the interval, and sets `final_done`.
+        After `request_final_save()`, the next call (a step boundary) that `final_gate` allows (all,
+        without a gate) runs `save_final()` instead, whatever the interval, sets `final_done` and
+        calls `after_final`.
         """
         self._latest = (state, step)
         if self._final_requested and (self.final_gate is None or self.final_gate(step)):

@@ -33,7 +33,7 @@ from resctl.profile.schema import Profile
 from resctl.shim import fork_env, snapshots
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
-from resctl.shim.stopstep import StopStep, StopStepUnavailable, open_for_default_group
+from resctl.shim.stopstep import ANY_STEP, StopStep, StopStepUnavailable, open_for_default_group
 from resctl.shim.target import Target, parse_argv, run_target
 from resctl.telemetry.events import EventLog, host
 
@@ -252,6 +252,7 @@ class Shim:
             # no boundary to wait for: it exits below.
             self.stop_at_boundary(self.sigterm_at)
             return
+        self._propose_any_step(wait=1.0)
         ckpt = self.checkpointer
         if ckpt is not None:
             try:
@@ -259,6 +260,15 @@ class Shim:
             except Exception as err:  # noqa: BLE001 - a failed write was never published; exit anyway
                 print(f"resctl: on SIGTERM: {err}", file=sys.stderr, flush=True)
         self.leave("sigterm")
+
+    def _propose_any_step(self, wait: float) -> None:
+        """A rank with no step boundary to stop at (its script never called maybe_save, as when only
+        rank 0 saves) proposes "any step", so that the ranks that do save need not wait for it."""
+        coordinator = self.stop_step
+        if coordinator is not None and coordinator.claim():
+            threading.Thread(target=coordinator.propose, args=(ANY_STEP,), name="resctl-stop-propose",
+                             daemon=True).start()
+            coordinator.proposed.wait(wait)
 
     @property
     def stops_at_boundary(self) -> bool:
@@ -269,6 +279,8 @@ class Shim:
         """Another rank proposed a stop step (the stop-step thread): stop with it."""
         if self.stops_at_boundary:
             self.stop_at_boundary(time.monotonic())
+        else:
+            self._propose_any_step(wait=0)
 
     def stop_at_boundary(self, since: float) -> None:
         """Begin a stop at a step boundary (any thread, once): ask for the final save, propose this

@@ -37,6 +37,10 @@ COUNT = PREFIX + "count"
 ALL = PREFIX + "all"
 #: How long the wake thread's blocking wait lasts before it is renewed (c10d logs a timed-out wait).
 WATCH_RENEW = datetime.timedelta(days=1)
+#: Timeout of the other store calls (a store whose host hangs must not hold a stopping rank long).
+CALL_TIMEOUT = datetime.timedelta(seconds=10)
+#: The proposal of a rank that has no step boundary (its script never calls maybe_save): any step.
+ANY_STEP = 0
 
 
 class StopStepUnavailable(Exception):
@@ -60,6 +64,7 @@ class StopStep:
         self.rank = rank
         self.world_size = world_size
         self._ops = store.clone()
+        self._ops.set_timeout(CALL_TIMEOUT)
         self._watch_store = store.clone()
         self._claim = threading.Lock()
         self._claimed = False
