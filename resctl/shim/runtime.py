@@ -313,7 +313,7 @@ class Shim:
             return step
         t0 = time.monotonic()
         try:
-            agreed = coordinator.agree(timeout=max(0.0, self._stop_deadline - t0) / 2)
+            agreed = coordinator.agree(timeout=max(0.0, self._stop_deadline - t0) / 2, tick=self.checkpoint_beat)
             outcome = "agreed"
         except StopStepUnavailable as err:
             print(f"resctl: rank {self.rank}: saving at step {step} without the other ranks: {err}",

@@ -39,6 +39,9 @@ ALL = PREFIX + "all"
 WATCH_RENEW = datetime.timedelta(days=1)
 #: Timeout of the other store calls (a store whose host hangs must not hold a stopping rank long).
 CALL_TIMEOUT = datetime.timedelta(seconds=10)
+#: The agreement's first blocking wait, then its poll interval (seconds).
+FIRST_WAIT = 1.0
+POLL = 0.05
 #: The proposal of a rank that has no step boundary (its script never calls maybe_save): any step.
 ANY_STEP = 0
 
@@ -93,23 +96,39 @@ class StopStep:
         finally:
             self.proposed.set()
 
-    def agree(self, timeout: float) -> int:
+    def agree(self, timeout: float, tick: Optional[Callable[[], None]] = None) -> int:
         """The stop step: the largest proposal, once every rank has proposed. Raises
-        `StopStepUnavailable` when that does not happen within `timeout` seconds."""
+        `StopStepUnavailable` when that does not happen within `timeout` seconds. `tick` is called
+        about every `POLL` seconds while it waits (heartbeats: the wait may be long when a peer is gone)."""
         deadline = time.monotonic() + timeout
         if not self.proposed.wait(max(0.0, timeout)):
             raise StopStepUnavailable("this rank's proposal did not reach the store in time")
-        left = deadline - time.monotonic()
         try:
-            if left <= 0:
-                raise TimeoutError
-            self._ops.wait([ALL], datetime.timedelta(seconds=left))
+            self._wait_all(deadline, tick)
             values = self._ops.multi_get([proposal_key(r) for r in range(self.world_size)])
         except Exception as err:  # noqa: BLE001 - timeout or store error, told apart for the message
             count = self._count()
             got = "the store is unreachable" if count is None else f"{count} of {self.world_size} ranks proposed"
             raise StopStepUnavailable(f"no agreement within {timeout:.1f} s ({got}; {type(err).__name__})") from None
         return max(int(v) for v in values)
+
+    def _wait_all(self, deadline: float, tick: Optional[Callable[[], None]]) -> None:
+        # One blocking wait first (the usual case: every rank proposes within milliseconds), then
+        # polls: each timed-out wait would be logged by c10d, a `check` is not.
+        first = min(deadline - time.monotonic(), FIRST_WAIT)
+        if first <= 0:
+            raise TimeoutError
+        try:
+            self._ops.wait([ALL], datetime.timedelta(seconds=first))
+            return
+        except Exception:  # noqa: BLE001 - timed out (or the store is gone: the polls say which)
+            pass
+        while not self._ops.check([ALL]):
+            if tick is not None:
+                tick()
+            if time.monotonic() >= deadline:
+                raise TimeoutError
+            time.sleep(POLL)
 
     def _count(self) -> Optional[int]:
         try:

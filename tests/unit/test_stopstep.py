@@ -77,3 +77,12 @@ def test_a_gone_store_is_no_agreement_and_no_hang() -> None:
     with pytest.raises(StopStepUnavailable):
         a.agree(timeout=3)
     assert time.monotonic() - t0 < 10
+
+
+def test_a_rank_without_step_boundaries_does_not_hold_the_others_back(store: dist.Store) -> None:
+    from resctl.shim.stopstep import ANY_STEP
+
+    saver, other = StopStep(store, 0, 2), StopStep(store, 1, 2)  # only rank 0 calls maybe_save
+    other.propose(ANY_STEP)
+    saver.propose(12)
+    assert saver.agree(timeout=5) == 12
