@@ -66,6 +66,16 @@ def average_gradients(model: nn.Module, world: int) -> None:
         offset += g.numel()
 
 
+def parse_sigterm_at(text: str) -> dict[tuple[int, int], float]:
+    """`--sigterm-at 20:1@0.5,21:0` -> {(20, 1): 0.5, (21, 0): 0.0}."""
+    out: dict[tuple[int, int], float] = {}
+    for item in filter(None, text.split(",")):
+        where, _, delay = item.partition("@")
+        step, _, rank = where.partition(":")
+        out[(int(step), int(rank or 0))] = float(delay or 0)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=50, help="train until this optimizer step")
@@ -84,7 +94,11 @@ def main() -> None:
     ap.add_argument("--stall-at", default="", metavar="STEP:RANK",
                     help="first launcher cycle only: RANK sleeps in native code after STEP, as a rank whose peer "
                     "died sits in a collective that never completes")
+    ap.add_argument("--sigterm-at", default="", metavar="STEP:RANK[@SECONDS],...",
+                    help="RANK sends itself SIGTERM in STEP, after the gradient all-reduce and before the step "
+                    "boundary, SECONDS after the all-reduce (a stop signal that reaches the ranks at different steps)")
     args = ap.parse_args()
+    sigterms = parse_sigterm_at(args.sigterm_at)
     stall_step, _, stall_rank = args.stall_at.partition(":")
     stall = (int(stall_step), int(stall_rank or 0)) if stall_step else None
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
@@ -122,6 +136,9 @@ def main() -> None:
         if distributed:
             average_gradients(model, world)
         opt.step()
+        if (step, rank) in sigterms and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            time.sleep(sigterms[(step, rank)])
+            os.kill(os.getpid(), signal.SIGTERM)
         if args.step_time:
             time.sleep(args.step_time)
         if stall == (step, rank):

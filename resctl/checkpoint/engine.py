@@ -187,6 +187,12 @@ class Checkpointer:
         self._final_requested = False
         #: Set once a final save requested by `request_final_save` is durable (or was skipped).
         self.final_done = threading.Event()
+        #: After `request_final_save`, asked at each step boundary whether the final save is due at
+        #: `step` (True) or at a later boundary (False: the boundary saves as usual and training goes
+        #: on). None: at the first boundary. The shim's stop step (resctl/shim/stopstep.py) sets it.
+        self.final_gate: Callable[[int], bool] | None = None
+        #: Called at the boundary of the final save once it is over (on the training thread).
+        self.after_final: Callable[[], None] | None = None
         self.max_failed_saves = max_failed_saves
         #: Writes that failed since the last one that landed.
         self.failed_in_a_row = 0
@@ -293,29 +299,41 @@ class Checkpointer:
     def maybe_save(self, state: MutableMapping[str, Any], step: int) -> bool:
         """Save when `step % interval_steps == 0`; always remember (state, step) for `save_final`.
 
-        After `request_final_save()`, the next call (a step boundary) runs `save_final()` instead,
-        whatever the interval, and sets `final_done`.
+        After `request_final_save()`, the next call (a step boundary) that `final_gate` allows (all,
+        without a gate) runs `save_final()` instead, whatever the interval, sets `final_done` and
+        calls `after_final`.
         """
         self._latest = (state, step)
+        if self._final_requested and (self.final_gate is None or self.final_gate(step)):
+            return self._final_boundary()
         snap = None
-        if self.memory_every and step % self.memory_every == 0 and not self._final_requested:
+        if self.memory_every and step % self.memory_every == 0:
             snap = self.save_memory(state, step)
-        if self._final_requested:
-            self._final_requested = False
-            try:
-                deadline = self._final_deadline
-                if deadline is None or time.monotonic() < deadline:
-                    self.save_final()
-                else:
-                    log.warning("final checkpoint skipped: the SIGTERM grace period is over")
-                    self.wait()
-            finally:
-                self.final_done.set()
-            return True
         if step % self.interval_steps == 0:
             self.save(state, step, snapshot=snap)
             return True
         return False
+
+    def _final_boundary(self) -> bool:
+        self._final_requested = False
+        try:
+            deadline = self._final_deadline
+            if deadline is None or time.monotonic() < deadline:
+                self.save_final()
+            else:
+                log.warning("final checkpoint skipped: the SIGTERM grace period is over")
+                self.wait()
+        finally:
+            self.final_done.set()
+            if self.after_final is not None:
+                self.after_final()
+        return True
+
+    @property
+    def latest_step(self) -> int | None:
+        """The step last given to `maybe_save` (None before the first call)."""
+        latest = self._latest
+        return None if latest is None else latest[1]
 
     # --- the memory tier -----------------------------------------------------------------------
 

@@ -391,7 +391,7 @@ class Checkpoint(Section):
         "", description="Glob of paths whose torch.save becomes an async atomic save (zero-edit checkpointing)."
     )
     save_on_sigterm: bool = Field(True, description="On SIGTERM, write a final checkpoint within the grace period.")
-    sigterm_grace: Duration = Field(30.0, gt=0, description="Time the SIGTERM save may take.")
+    sigterm_grace: Duration = Field(30.0, gt=0, description="Time the SIGTERM save may take (the ranks agree on its step within half of it).")
 
 
 class Doctor(Section):

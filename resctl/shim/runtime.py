@@ -33,6 +33,7 @@ from resctl.profile.schema import Profile
 from resctl.shim import fork_env, snapshots
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
+from resctl.shim.stopstep import ANY_STEP, StopStep, StopStepUnavailable, open_for_default_group
 from resctl.shim.target import Target, parse_argv, run_target
 from resctl.telemetry.events import EventLog, host
 
@@ -128,6 +129,13 @@ class Shim:
         self._last_step_t = time.monotonic()
         self.sigterm_at: Optional[float] = None
         self.checkpointer: Any = None
+        #: The job's stop-step agreement over the script's process group (None: this rank stops alone).
+        self.stop_step: Optional[StopStep] = None
+        self._stopping = False  # a stop at a step boundary is under way (by SIGTERM or a peer)
+        self._stop_deadline = 0.0
+        self._stop_at: Optional[int] = None  # the agreed stop step, once known
+        self._stop_lock = threading.Lock()
+        self._leaving = threading.Lock()
         #: The in-process wrapper's progress ping for the running iteration (None without one).
         self.progress: Optional[Callable[[], None]] = None
         self._last_ping = 0.0
@@ -238,36 +246,111 @@ class Shim:
         """A stop of the job (preemption, pod deletion, scancel): final checkpoint, then exit 143."""
         self.sigterm_at = time.monotonic()
         self.events.emit("fault", cause="sigterm", injected=False, step=self.step, error="SIGTERM received")
-        ckpt = self.checkpointer
-        if ckpt is not None and self.profile.checkpoint.save_on_sigterm and ckpt.tracks_state:
-            # Save at the next step boundary (maybe_save) so the state is never torn; if the loop
-            # does not get there within the grace period, exit after the in-flight write lands.
-            # A script that never called maybe_save has no boundary to wait for: it exits below.
-            ckpt.request_final_save(deadline=self.sigterm_at + self.profile.checkpoint.sigterm_grace)
-            threading.Thread(target=self._exit_after_grace, daemon=True).start()
+        if self.stops_at_boundary:
+            # Save at a step boundary (maybe_save) so the state is never torn: the stop step all
+            # ranks agree on (resctl/shim/stopstep.py). A script that never called maybe_save has
+            # no boundary to wait for: it exits below.
+            self.stop_at_boundary(self.sigterm_at)
             return
+        self._propose_any_step(wait=1.0)
+        ckpt = self.checkpointer
         if ckpt is not None:
             try:
                 ckpt.wait()  # the in-flight write (intercepted torch.save included) lands first
             except Exception as err:  # noqa: BLE001 - a failed write was never published; exit anyway
                 print(f"resctl: on SIGTERM: {err}", file=sys.stderr, flush=True)
-        self.finish("sigterm")
-        os._exit(EXIT_SIGTERM)
+        self.leave("sigterm")
+
+    def _propose_any_step(self, wait: float) -> None:
+        """A rank with no step boundary to stop at (its script never called maybe_save, as when only
+        rank 0 saves) proposes "any step", so that the ranks that do save need not wait for it."""
+        coordinator = self.stop_step
+        if coordinator is not None and coordinator.claim():
+            threading.Thread(target=coordinator.propose, args=(ANY_STEP,), name="resctl-stop-propose",
+                             daemon=True).start()
+            coordinator.proposed.wait(wait)
+
+    @property
+    def stops_at_boundary(self) -> bool:
+        ckpt = self.checkpointer
+        return ckpt is not None and self.profile.checkpoint.save_on_sigterm and ckpt.tracks_state
+
+    def on_peer_stop(self) -> None:
+        """Another rank proposed a stop step (the stop-step thread): stop with it."""
+        if self.stops_at_boundary:
+            self.stop_at_boundary(time.monotonic())
+        else:
+            self._propose_any_step(wait=0)
+
+    def stop_at_boundary(self, since: float) -> None:
+        """Begin a stop at a step boundary (any thread, once): ask for the final save, propose this
+        rank's stop step, and exit at the final save or, failing that, when the grace is over."""
+        with self._stop_lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        ckpt = self.checkpointer
+        self._stop_deadline = since + self.profile.checkpoint.sigterm_grace
+        ckpt.request_final_save(deadline=self._stop_deadline)
+        # Read after the request: the training thread sees the request at this boundary + 1 or sooner.
+        latest = ckpt.latest_step or 0
+        coordinator = self.stop_step
+        if coordinator is not None and coordinator.claim():
+            # In a thread: this may run in the signal handler on the training thread.
+            threading.Thread(target=coordinator.propose, args=(latest + 1,), name="resctl-stop-propose",
+                             daemon=True).start()
+        threading.Thread(target=self._exit_after_grace, daemon=True).start()
+
+    def stop_gate(self, step: int) -> bool:
+        """The checkpointer's `final_gate`: is the final save due at this boundary?"""
+        if self._stop_at is None:
+            self._stop_at = self._agree(step)
+        return step >= self._stop_at
+
+    def _agree(self, step: int) -> int:
+        coordinator = self.stop_step
+        if coordinator is None:
+            return step
+        t0 = time.monotonic()
+        try:
+            agreed = coordinator.agree(timeout=max(0.0, self._stop_deadline - t0) / 2, tick=self.checkpoint_beat)
+            outcome = "agreed"
+        except StopStepUnavailable as err:
+            print(f"resctl: rank {self.rank}: saving at step {step} without the other ranks: {err}",
+                  file=sys.stderr, flush=True)
+            agreed, outcome = step, "alone"
+        self.events.emit("stop", step=agreed, at=step, proposed=coordinator.proposal, outcome=outcome,
+                         seconds=round(time.monotonic() - t0, 6))
+        return agreed
 
     def _exit_after_grace(self) -> None:
-        # Exit as soon as the final save at the next step boundary is durable (training must not
-        # go on past it), or when the grace period is over if the loop never gets there.
-        assert self.sigterm_at is not None
-        remaining = max(0.0, self.sigterm_at + self.profile.checkpoint.sigterm_grace - time.monotonic())
-        self.checkpointer.final_done.wait(remaining)
+        # The training thread leaves at the final save (`after_final`); this leaves when the grace
+        # period is over if the loop never gets there (after the in-flight write lands).
+        remaining = max(0.0, self._stop_deadline - time.monotonic())
+        if self.checkpointer.final_done.wait(remaining):
+            return
         try:
             self.checkpointer.wait()
         finally:
-            self.finish("sigterm")
+            self.leave("sigterm")
+
+    def after_final_save(self) -> None:
+        """The checkpointer's `after_final`: the final save is over; training must not go past it."""
+        try:
+            self.checkpointer.wait()
+        finally:
+            self.leave("sigterm")
+
+    def leave(self, status: str) -> None:
+        """Record the end and exit 143 now (once: a second caller waits for the exit)."""
+        with self._leaving:
+            self.finish(status)
             os._exit(EXIT_SIGTERM)
 
     def finish(self, status: str) -> None:
         self.events.emit("end", status=status, step=self.step)
+        if self.stop_step is not None and status != "sigterm":  # a stopping rank's wait has ended already
+            self.stop_step.close()
         self.heartbeats.close()
         if status == "ok" and self.checkpointer is not None:
             self.checkpointer.release_memory()  # a clean end: no restart will restore this rank's snapshots
@@ -286,14 +369,31 @@ class Shim:
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
             result = original_init(*args, **kwargs)
             shim.heartbeats.connect()
+            shim.open_stop_step()
             return result
 
         self.patches.set(dist, "init_process_group", init_process_group)
+        original_destroy = dist.destroy_process_group
+
+        def destroy_process_group(group: Any = None) -> Any:
+            if group is None and shim.stop_step is not None:
+                shim.stop_step.close()  # before rank 0, which hosts the store, may leave
+            return original_destroy(group)
+
+        self.patches.set(dist, "destroy_process_group", destroy_process_group)
         self._patch_user_rank_monitor()
         self._configure_checkpoint()
         snapshots.install(self)  # after the torch.save interceptor: sees intercepted saves too
         SigtermWatcher(self.on_restart_stop, self.on_sigterm).install(self.patches)
         _keep_spawn_children_off_main(self.patches)
+
+    def open_stop_step(self) -> None:
+        """A new process group: agree on stop steps through its store (the old group's is closed)."""
+        if self.stop_step is not None:
+            self.stop_step.close()
+        self.stop_step = open_for_default_group()
+        if self.stop_step is not None:
+            self.stop_step.watch(self.on_peer_stop)
 
     def uninstall(self) -> None:
         self.patches.undo()
@@ -328,6 +428,8 @@ class Shim:
             return step
 
         ckpt.load = load_and_record  # type: ignore[method-assign]
+        ckpt.final_gate = self.stop_gate
+        ckpt.after_final = self.after_final_save
         self.checkpointer = checkpoint.set_default(ckpt)
         if self.profile.checkpoint.intercept_torch_save:
             from resctl.checkpoint import intercept

@@ -11,7 +11,8 @@ first acts, once.
 What it does (docs/recovery.md, "Signals"):
 - SIGTERM naming this worker in the launcher's restart-stop marker (`resctl.launch.stop`): leave now;
 - any other SIGTERM (a stop of the job: preemption, pod deletion, `scancel`): `on_job_stop`, which
-  saves at the next step boundary within `checkpoint.sigterm_grace` and exits 143.
+  saves at the stop step all ranks agree on (`resctl.shim.stopstep`) within
+  `checkpoint.sigterm_grace` and exits 143.
 A script that installs its own SIGTERM handler owns SIGTERM from then on, as under torchrun.
 """
 

@@ -171,6 +171,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("source", "str", "", "checkpoint (resctl.checkpoint.load) or torch.load (a snapshot)",
               optional=True),
     ), "resctl.shim"),
+    Kind("stop", "the ranks agreed on the step of the final checkpoint of a stopped job (docs/recovery.md)", (
+        Field("step", "int", "step", "the stop step: every rank saves at its first step boundary at or after it"),
+        Field("at", "int", "step", "the step boundary where this rank learnt it"),
+        Field("proposed", "int", "step", "this rank's proposal (its next step boundary)", optional=True),
+        Field("outcome", "str", "", "agreed, or alone (no agreement within half the grace: saved where it was)"),
+        Field("seconds", "float", "s", "time the training thread waited for the agreement"),
+    ), "resctl.shim.runtime"),
     Kind("end", "the worker finished its script", (
         Field("status", "str", "", "ok, error, sigterm (a stop of the job), restart-stop (stopped by the launcher "
               "to restart the group)"),
