@@ -80,3 +80,15 @@ def release_rank(key: str, rank: int, root: Path | None = None) -> None:
 def tier_bytes(state_bytes: int, ranks_per_node: int) -> int:
     """Host shared memory the tier needs on a node: two slots per rank."""
     return SLOTS * state_bytes * ranks_per_node
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write `data` to `path` (created 0600, truncated), all of it: a small file of a slot
+    (`meta.pt`, a manifest's temp) in shared memory, where no fsync is needed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    finally:
+        os.close(fd)

@@ -388,7 +388,7 @@ class MemoryTier:
                 self._arena_free.set()
         crc = checksum_of(fmt.byte_view(snap.view), self._crc_pool) if snap.total else checksum(b"")
         meta_crc = checksum(snap.meta)
-        _write_small(slot.path / fmt.META, snap.meta)
+        memdir.write_private(slot.path / fmt.META, snap.meta)
         files = {
             fmt.META: fmt.FileEntry(len(snap.meta), meta_crc),
             DATA: fmt.FileEntry(snap.total, crc, (0, snap.total)),
@@ -618,16 +618,6 @@ class MemoryTier:
         """Close and remove this rank's snapshots (a clean end of the script)."""
         self.close()
         memdir.release_rank(self.key, self.rank, self.root)
-
-
-def _write_small(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        done = 0
-        while done < len(data):
-            done += os.write(fd, data[done:])
-    finally:
-        os.close(fd)
 
 
 def _map_shared(fd: int, size: int) -> mmap.mmap:

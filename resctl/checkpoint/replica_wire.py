@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from resctl.checkpoint import memdir
 from resctl.checkpoint.crc import CHECKSUM, checksum
 from resctl.checkpoint.errors import CheckpointError
 
@@ -213,9 +214,9 @@ def receive_into_slot(conn: Conn, slot: Path, payload: Payload) -> None:
         raise WireError(f"replica: {DATA} checksum mismatch (damaged or overwritten in transit)")
     if checksum(meta) != payload.meta[1]:
         raise WireError(f"replica: {META} checksum mismatch")
-    _write(slot / META, meta)
+    memdir.write_private(slot / META, meta)
     tmp = slot / f".{MANIFEST}.tmp"
-    _write(tmp, payload.manifest.encode())
+    memdir.write_private(tmp, payload.manifest.encode())
     os.rename(tmp, slot / MANIFEST)  # the commit point
 
 
@@ -253,13 +254,3 @@ def _receive_file(conn: Conn, path: Path, size: int) -> int:
     finally:
         mapped.close()
     return crc
-
-
-def _write(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        done = 0
-        while done < len(data):
-            done += os.write(fd, data[done:])
-    finally:
-        os.close(fd)
