@@ -220,7 +220,7 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
 def _notes(launch_plan: LaunchPlan, on_event: Callable[[str], None]) -> None:
     """How the plan was made (rendezvous, run id): into the run directory's launcher.log, and on the
     console only with -v (RESCTL_VERBOSE=1); a fault drill is always said."""
-    from resctl.launch.ft_entry import LOG_FILE
+    from resctl.launch.launcher_logs import LOG_FILE
 
     verbose = os.environ.get("RESCTL_VERBOSE") == "1"
     with open(launch_plan.run_dir / LOG_FILE, "a", encoding="utf-8") as log:

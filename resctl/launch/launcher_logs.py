@@ -1,4 +1,13 @@
-"""What ft_launcher logs, kept fit for a console: no secrets, no tracebacks for an ordinary stop.
+"""What ft_launcher logs, kept fit for a console: no secrets, no tracebacks for an ordinary stop,
+and by default not on the console at all.
+
+- **Quiet console.** With `RESCTL_RUN_DIR` set and not `RESCTL_VERBOSE=1`, the launcher's log
+  lines and warnings and its rank monitors' lines go to `<run_dir>/launcher.log` (the logging
+  root handler; the `sys` the rank-monitor module sees); the console keeps the workers' own
+  output (the process's stdout and stderr, which workers inherit, are untouched) and one line per
+  worker-group restart.
+
+The redaction:
 
 Installed in the launcher process by `resctl.launch.ft_entry` before NVRx is imported, as a log record
 factory (so it covers every logger NVRx and torch elastic create, in the launcher and in processes
@@ -16,7 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 from typing import Any
+
+from resctl.patching import Patches
 
 _STOP_EXCEPTIONS = ("SignalException",)
 
@@ -55,3 +68,76 @@ def install() -> None:
 
     scrubbing_factory._resctl_scrub = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(scrubbing_factory)
+
+
+LOG_FILE = "launcher.log"
+RESTART_MESSAGE = "will restart worker group"  # torch elastic's line when a worker group failed
+FAILED_MESSAGE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")  # ... and a worker's failure
+
+
+class FaultLines(logging.Handler):
+    """Console handler of a quiet launcher: one `resctl:` line per worker-group restart, naming the
+    failure before it (its last traceback line); the rest of both records is in launcher.log."""
+
+    def __init__(self, console: Any) -> None:
+        super().__init__(logging.INFO)
+        self.console = console
+        self.failure = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            failed = FAILED_MESSAGE.search(message)
+            if failed:
+                text = message + "\n" + (str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
+                lines = [line.strip() for line in text.splitlines() if line.strip()]
+                cause = lines[-1] if len(lines) > 1 else f"exit code {failed.group(1)}"
+                self.failure = f"local rank {failed.group(2)} failed ({cause[:200]})"
+            elif RESTART_MESSAGE in message:
+                left = re.search(r"(\d+)/(\d+) attempts left", message)
+                restarts = f", {left.group(1)} of {left.group(2)} restarts left" if left else ""
+                self.console.write(f"resctl: {self.failure or 'a worker failed'}; restarting the workers{restarts} "
+                                   "(details: launcher.log in the run directory)\n")
+                self.console.flush()
+                self.failure = ""
+        except Exception:  # noqa: BLE001 - a console line is never worth a launcher crash
+            self.handleError(record)
+
+
+class _LogSys:
+    """Stands in for the `sys` module inside NVRx's rank-monitor module: its loggers (made in the
+    forked monitor process) write to the launcher's log file instead of the console."""
+
+    def __init__(self, real: Any, log: Any) -> None:
+        self._real = real
+        self.stdout = self.stderr = log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+QUIET = Patches("quiet launcher")  # not undone at fork: the rank monitors are forked children
+
+
+def quiet_logs(env: Any = os.environ) -> str | None:
+    """Send the launcher's log lines, its warnings and its rank monitors' lines to
+    `<run_dir>/launcher.log`, keeping one console line per worker-group restart; returns the file,
+    or None when the console keeps them (`RESCTL_VERBOSE=1`, no run dir). The process's own
+    stdout and stderr, which the workers inherit, are left alone."""
+    import sys
+
+    run_dir = env.get("RESCTL_RUN_DIR")
+    if not run_dir or env.get("RESCTL_VERBOSE") == "1" or QUIET:
+        return None
+    path = os.path.join(run_dir, LOG_FILE)
+    log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - for the process's life
+    logging.basicConfig(  # before NVRx's own basicConfig (at its import), which then does nothing
+        stream=log, level=os.getenv("FT_LAUNCHER_LOGLEVEL", "INFO"),
+        format=f"[%(asctime)s] [%(levelname)s] [ft_launcher{os.getpid()}] %(message)s",
+    )
+    logging.captureWarnings(True)
+    logging.getLogger().addHandler(FaultLines(sys.stderr))
+    from nvidia_resiliency_ext.fault_tolerance import rank_monitor_server
+
+    QUIET.set(rank_monitor_server, "sys", _LogSys(sys, log))
+    return path

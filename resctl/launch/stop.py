@@ -5,7 +5,7 @@ means no collective will ever complete, so a final checkpoint cannot be made and
 is a second of the restart. A stop of the job (a pod deleted, a Slurm preemption; `resctl run` or
 the launcher receives it first) wants the final checkpoint at the next step boundary.
 
-The launcher (resctl's adapters in `ft_entry`) writes the PIDs it is about to stop for a restart
+The launcher (resctl's adapters, `resctl.launch.adapters`) writes the PIDs it is about to stop for a restart
 into a small per-launcher file *before* it sends the signal; the shim reads it when SIGTERM arrives.
 A worker that finds its PID there leaves at once; any other SIGTERM is a stop of the job. A missing
 or unreadable file therefore errs on the side of saving, and the launcher's short stop timeout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from resctl.launch import ft_entry
+from resctl.launch import adapters as ft_entry
 
 
 def test_adapters_bridge_the_installed_versions() -> None:

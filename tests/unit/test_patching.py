@@ -9,7 +9,7 @@ import types
 
 import torch.distributed as dist
 
-from resctl.launch import ft_entry
+from resctl.launch import adapters as ft_entry
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
 from resctl.shim.runtime import Shim

@@ -1,0 +1,307 @@
+"""resctl's owned, undoable adapters of NVRx's `ft_launcher` and torch elastic, applied by
+`resctl.launch.ft_entry` before the launcher runs. Gaps between an NVRx release and the installed
+torch, and the launcher's slow paths, are bridged without forking NVRx. Every change is a patch
+(`resctl.patching`) and checks for the exact gap it fills:
+
+- `ProcessException.pid`: NVRx 0.4.1's multiprocessing compat reads `.pid`; torch >= 2.6 names it
+  `error_pid`. Without the alias a worker killed by a signal under `--start-method fork` crashes the
+  launcher instead of restarting the workers.
+- `RunResult.is_failed` (0.4/0.5): a group that used up its restarts ends UNHEALTHY with failures,
+  which the launcher took for success (exit 0).
+- **Quick restart stops.** When a worker dies, torch's `ProcessContext.join` (forked workers, every
+  NVRx version) SIGTERMs the others and waits a hard-coded 30 s before SIGKILL; NVRx's
+  `_stop_workers` (exec'd workers) waits `--workers-stop-timeout`. A survivor blocked in an NCCL
+  or gloo collective never runs a Python SIGTERM handler, so every restart paid the full wait. Both
+  paths now first name the stopped PIDs in the restart-stop marker (`resctl.launch.stop`), so the
+  shim leaves at once instead of saving, and both wait at most `--workers-stop-timeout`.
+- **Titles.** The launcher, each worker and each rank monitor name themselves (`resctl.launch.titles`).
+- **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
+  default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
+  the end of the job waits for the next poll; the interval still paces the other checks.
+- **Own process groups, quick leftover cleanup.** NVRx 0.6+ `killpg`s the stopped workers' process
+  groups and then sleeps 1 s. Forked workers shared the launcher's group, so on 0.7 the first restart
+  SIGTERMed the launcher and `resctl run` themselves. Every process forked from the launcher now leads
+  its own group, and the cleanup waits only while a group still has members.
+
+Forked workers inherit the launcher's memory: the patches are undone in every child at fork
+(`install_fork_hook`).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from typing import Any
+
+from resctl.launch import stop
+from resctl.launch.preload import LatePreload
+from resctl.patching import Patches
+
+PATCHES = Patches("launcher")
+
+
+class _Agent:
+    """The launcher's elastic agent, once it has started workers (for the patches below)."""
+
+    current: Any = None
+
+    @classmethod
+    def stop_timeout(cls) -> float | None:
+        agent = cls.current
+        return None if agent is None else float(getattr(agent, "_workers_stop_timeout", 0) or 0) or None
+
+    @classmethod
+    def live_pids(cls) -> list[int]:
+        agent = cls.current
+        pcontext = getattr(agent, "_pcontext", None)
+        if pcontext is None:
+            return []
+        try:
+            return [int(p) for p in pcontext.pids().values()]
+        except Exception:  # noqa: BLE001 - a context being torn down
+            return []
+
+
+    @classmethod
+    def result_fds(cls) -> list[int]:
+        """Read ends of the return-value queues of forked workers that have not reported yet.
+        A forked worker that finished puts its result there and then waits for the launcher to
+        read it before it exits (torch's `MultiprocessContext`), so its end is seen here first."""
+        pcontext = getattr(cls.current, "_pcontext", None)
+        queues = getattr(pcontext, "_ret_vals", None) or {}
+        done = getattr(pcontext, "_return_values", None) or {}
+        fds = []
+        for local_rank, queue in queues.items():
+            if local_rank in done:
+                continue
+            try:
+                fds.append(queue._reader.fileno())
+            except (AttributeError, OSError, ValueError):  # closed, or another queue type
+                continue
+        return fds
+
+
+def _stop_file() -> Any:
+    from pathlib import Path
+
+    return Path(os.environ[stop.ENV])
+
+
+def _bridge_versions(patches: Patches) -> None:
+    import importlib
+
+    # `torch.multiprocessing.spawn` the attribute is a function; the module has to be looked up.
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
+    if not hasattr(spawn.ProcessException, "pid"):
+        patches.set(spawn.ProcessException, "pid", property(lambda self: self.error_pid))
+    try:  # NVRx 0.4/0.5 carry their own copy of torch elastic; 0.6+ use torch's
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
+    except ImportError:
+        return
+    original = api.RunResult.is_failed
+
+    def is_failed(self: "api.RunResult") -> bool:
+        return original(self) or (self.state == api.WorkerState.UNHEALTHY and bool(self.failures))
+
+    patches.set(api.RunResult, "is_failed", is_failed)
+
+
+def _quick_restart_stops(patches: Patches) -> None:
+    import importlib
+    import multiprocessing.connection
+
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
+    join = spawn.ProcessContext.join
+
+    def quick_join(self: Any, timeout: float | None = None, grace_period: float | None = None) -> Any:
+        limit = _Agent.stop_timeout()
+        if limit is not None and self.sentinels:
+            ready = multiprocessing.connection.wait(list(self.sentinels), timeout=0)
+            if any(self.processes[self.sentinels[s]].exitcode not in (0, None) for s in ready):
+                survivors = [p for p in self.processes if p.is_alive()]
+                stop.mark_restart(_stop_file(), (p.pid for p in survivors))
+                for proc in survivors:
+                    try:
+                        os.kill(proc.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            if grace_period is None:  # torch waits this, SIGTERMs, waits it again, then SIGKILLs
+                grace_period = limit / 2
+        return join(self, timeout, grace_period)
+
+    patches.set(spawn.ProcessContext, "join", quick_join)
+
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    agent_cls = launcher.LocalElasticAgent
+    stop_workers = agent_cls._stop_workers
+    start_workers = agent_cls._start_workers
+
+    def marked_stop_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        stop.mark_restart(_stop_file(), _Agent.live_pids())
+        return stop_workers(self, *args, **kwargs)
+
+    def tracked_start_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _Agent.current = self
+        stop.clear(_stop_file())
+        LatePreload.before_fork()
+        started = start_workers(self, *args, **kwargs)
+        LatePreload.workers_started()
+        return started
+
+    patches.set(agent_cls, "_stop_workers", marked_stop_workers)
+    patches.set(agent_cls, "_start_workers", tracked_start_workers)
+
+
+class _WakeOnWorkerExit:
+    """Stands in for the `time` module inside NVRx's launcher module: `sleep()` also returns when
+    a worker that was alive exits. Everything else is the real module."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def sleep(self, seconds: float) -> None:
+        LatePreload.maybe_start()
+        fds = []
+        for pid in _Agent.live_pids():
+            try:
+                fds.append(os.pidfd_open(pid))
+            except OSError:  # gone and reaped, or no pidfd on this kernel
+                continue
+        try:
+            exited = set(select.select(fds, [], [], 0)[0]) if fds else set()
+            alive = [fd for fd in fds if fd not in exited]
+            if not alive:
+                self._real.sleep(seconds)
+            else:
+                select.select(alive + _Agent.result_fds(), [], [], seconds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _wake_on_worker_exit(patches: Patches) -> None:
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    if hasattr(os, "pidfd_open") and not isinstance(launcher.time, _WakeOnWorkerExit):
+        patches.set(launcher, "time", _WakeOnWorkerExit(launcher.time))
+
+
+def _titled_rank_monitors(patches: Patches) -> None:
+    """Rank monitors are forked from the launcher too: name them (`resctl-rank-monitor local=N`)."""
+    import re
+
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_server import RankMonitorServer
+
+    run = RankMonitorServer.run
+
+    def titled_run(*args: Any, **kwargs: Any) -> Any:
+        from resctl.launch.titles import set_title
+
+        local = re.search(r"rmon(\d+)\.socket$", str(kwargs.get("ipc_socket_path", "")))
+        set_title("resctl-rank-monitor" + (f" local={local[1]}" if local else ""))
+        try:  # monitors stay in the launcher's process group (a worker's group is its own) ...
+            os.setpgid(0, os.getpgid(os.getppid()))
+        except OSError:
+            pass
+        _die_with_parent(signal.SIGKILL)  # ... and never outlive it (they hold its stdout open)
+        return run(*args, **kwargs)
+
+    patches.set(RankMonitorServer, "run", staticmethod(titled_run))
+
+
+def _quick_leftover_cleanup(patches: Patches) -> None:
+    """NVRx 0.6+ cleans up after stopped workers with `killpg(SIGTERM)` on their process groups, a
+    fixed 1 s sleep, then `killpg(SIGKILL)`: a second on every restart. Wait only while a group still
+    has members (at most that second)."""
+    import inspect
+
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    original = getattr(launcher, "terminate_mp_processes", None)
+    if original is None or list(inspect.signature(original).parameters) != ["allowed_pgids"]:
+        return  # 0.4/0.5 only reap orphans of the workers, without a wait
+
+    def terminate_leftovers(allowed_pgids: Any) -> None:
+        groups = [g for g in allowed_pgids if g not in (0, 1, os.getpgrp())]  # never the launcher's own group
+        for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, sig)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + wait
+            while groups and time.monotonic() < deadline:
+                groups = [g for g in groups if _group_alive(g)]
+                time.sleep(0.01)
+
+    patches.set(launcher, "terminate_mp_processes", terminate_leftovers)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _child_of_launcher() -> None:
+    """In every process forked from the launcher (workers, rank monitors): NVRx's code unpatched, a
+    process group of its own, so a launcher's `killpg` of a worker's group reaches the worker and its
+    children, never the launcher, `resctl run` or the shell that started them, and a SIGTERM when the
+    launcher dies (a worker then stops as for a job stop; an unsupervised worker has no future)."""
+    if os.getppid() != _LAUNCHER_PID[0]:
+        return  # a fork inside a worker (the hook is inherited): NVRx's monitor setsid()s, DataLoader workers...
+    undo_adapters()
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    _die_with_parent(signal.SIGTERM)
+
+
+_LAUNCHER_PID = [0]  # set in main(): the process whose children `_child_of_launcher` looks after
+
+
+def _die_with_parent(sig: int) -> None:
+    import ctypes
+    import ctypes.util
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent == 1:  # the launcher died before the line above: it will not signal us
+        os.kill(os.getpid(), sig)
+
+
+def apply_adapters() -> list[str]:
+    """Patch what the installed versions need (once); returns what was patched."""
+    if PATCHES:
+        return []
+    _bridge_versions(PATCHES)
+    if stop.ENV in os.environ:  # the quick stops need the marker file main() set up
+        _quick_restart_stops(PATCHES)
+    _wake_on_worker_exit(PATCHES)
+    _titled_rank_monitors(PATCHES)
+    _quick_leftover_cleanup(PATCHES)
+    return PATCHES.applied
+
+
+def undo_adapters() -> None:
+    PATCHES.undo()
+    _Agent.current = None
+
+
+def install_fork_hook(launcher_pid: int) -> None:
+    """Look after every process forked from `launcher_pid` (`_child_of_launcher`)."""
+    _LAUNCHER_PID[0] = launcher_pid
+    os.register_at_fork(after_in_child=_child_of_launcher)

@@ -1,0 +1,76 @@
+"""What the launcher imports so that forked workers do not: `PRELOAD` before the first workers,
+`LATE_PRELOAD` in a thread beside them (`LatePreload`, driven by the adapters' worker start and
+monitor loop). Used by `resctl.launch.ft_entry` (with `RESCTL_PRELOAD=1`: forked workers)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# Imported once in the launcher when workers are forked from it, so no worker pays for them again:
+# what every worker imports (torch, the shim), before the first workers start. What a script may
+# import later (torch imports torch._dynamo and sympy on the first optimizer it builds: about 1 s;
+# FSDP 0.5 s) is imported in a thread once the first workers have run `LATE_AFTER` seconds, or
+# before workers are started again if that was sooner: a job's start never waits for them, nor a
+# short job's end (the happy path is torchrun's, bench/bench_happy_path.py), and restarted workers
+# are forked with them loaded (in-job recovery in well under a second, bench/bench_recovery.py).
+PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "resctl.shim.runtime", "resctl.checkpoint.engine",
+           "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
+LATE_PRELOAD = ("torch._dynamo", "torch.distributed.fsdp")
+LATE_AFTER = 3.0  # seconds the first workers run before LATE_PRELOAD is imported beside them
+
+
+class LatePreload:
+    """`LATE_PRELOAD`, imported in a thread beside running workers. Every fork of the launcher
+    (workers, rank monitors) happens in `_start_workers`, which first waits for the thread (a child
+    forked while another thread holds an import lock could deadlock on it) or imports them itself."""
+
+    thread: Any = None
+    started_at: float | None = None
+
+    @classmethod
+    def enabled(cls) -> bool:
+        return os.environ.get("RESCTL_PRELOAD") == "1"
+
+    @classmethod
+    def workers_started(cls) -> None:
+        import time
+
+        if cls.started_at is None:
+            cls.started_at = time.monotonic()
+
+    @classmethod
+    def maybe_start(cls) -> None:
+        """From the monitor loop: start the thread once the first workers have run long enough."""
+        import threading
+        import time
+
+        if cls.thread is not None or cls.started_at is None or not cls.enabled():
+            return
+        if time.monotonic() - cls.started_at >= LATE_AFTER:
+            cls.thread = threading.Thread(target=_import, args=(LATE_PRELOAD,), name="resctl-preload", daemon=True)
+            cls.thread.start()
+
+    @classmethod
+    def before_fork(cls) -> None:
+        if cls.thread is not None:
+            cls.thread.join()
+        elif cls.started_at is not None and cls.enabled():  # a restart came first
+            _import(LATE_PRELOAD)
+
+
+def _import(names: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a worker that needs it imports it (and reports) itself
+            continue
+
+
+def preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
