@@ -110,8 +110,7 @@ def sweep(params_m: float, ckdir: str) -> None:
                 with ThreadPoolExecutor(threads) as pool:
                     torch.cuda.synchronize()
                     t = time.perf_counter()
-                    crc, outs = upload.upload(mem._bytes_of(data), manifest.tensors, devices, checksum=mem.checksum,
-                                              combine=mem.combine, pool=pool, threads=threads, chunk=chunk_mb << 20,
+                    crc, outs = upload.upload(mem._bytes_of(data), manifest.tensors, devices, pool=pool, threads=threads, chunk=chunk_mb << 20,
                                               populate=mem._populator(data) if populate else None)
                     torch.cuda.synchronize()
                     times.append(time.perf_counter() - t)

@@ -28,7 +28,6 @@ otherwise (e.g. an optimizer's state after a restart), then hands them to `load_
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import mmap
@@ -45,64 +44,17 @@ import torch
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import memdir, reader, replica, upload
 from resctl.checkpoint import state as st
-from resctl.checkpoint.crc import CHECKSUM, POLY, checksum
+from resctl.checkpoint.crc import CHECKSUM, checksum, checksum_of, combine
 from resctl.checkpoint.errors import CheckpointMismatch
 from resctl.checkpoint.replica import Replicator
 from resctl.telemetry.events import NULL_LOG, EventLog
 
 log = logging.getLogger("resctl.checkpoint.memory")
 DATA = "data-0.bin"
-CHUNK = 64 << 20  # bytes per checksum call; the calls run in parallel threads (each releases the GIL)
 THREADS = max(1, min(8, os.cpu_count() or 1))
 
 #: The engine's `_stage`: (tensors, total, buffer or None for its own arena, layout) -> staged bytes.
 StageFn = Callable[[list[torch.Tensor], int, "torch.Tensor | None", list[fmt.TensorSpec]], torch.Tensor]
-
-
-def checksum_of(view: memoryview, pool: ThreadPoolExecutor | None = None) -> int:
-    """The checksum of `view`, its CHUNK-sized parts checksummed in parallel on `pool` and
-    combined (`combine`): equal to one sequential checksum of the whole."""
-    parts = [view[lo : lo + CHUNK] for lo in range(0, len(view), CHUNK)]
-    if not parts:
-        return checksum(b"")
-    crcs = list(pool.map(checksum, parts)) if pool is not None and len(parts) > 1 else [checksum(p) for p in parts]
-    crc = crcs[0]
-    for part, part_crc in zip(parts[1:], crcs[1:]):
-        crc = combine(crc, part_crc, len(part))
-    return crc
-
-
-def combine(crc1: int, crc2: int, len2: int) -> int:
-    """The checksum of A + B from crc(A), crc(B) and len(B) (zlib's crc32_combine, for POLY)."""
-    return _gf2_times(_shift_operator(len2), crc1) ^ crc2
-
-
-def _gf2_times(mat: tuple[int, ...], vec: int) -> int:
-    out, i = 0, 0
-    while vec:
-        if vec & 1:
-            out ^= mat[i]
-        vec >>= 1
-        i += 1
-    return out
-
-
-def _gf2_square(mat: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(_gf2_times(mat, mat[n]) for n in range(32))
-
-
-@functools.lru_cache(maxsize=16)  # a state has few distinct part lengths: CHUNK and its tail
-def _shift_operator(nbytes: int) -> tuple[int, ...]:
-    """The GF(2) matrix that appends `nbytes` zero bytes to a CRC register."""
-    result = tuple(1 << n for n in range(32))  # identity
-    op = _gf2_square(_gf2_square(_gf2_square((POLY, *(1 << n for n in range(31))))))  # 1 -> 2 -> 4 -> 8 zero bits
-    while nbytes:
-        if nbytes & 1:
-            result = tuple(_gf2_times(op, result[n]) for n in range(32))
-        nbytes >>= 1
-        if nbytes:
-            op = _gf2_square(op)
-    return result
 
 
 @dataclass
@@ -469,8 +421,7 @@ class MemoryTier:
         if data is None:
             got = checksum(b"")
         elif devices is not None:
-            got, staged = upload.upload(_bytes_of(data), manifest.tensors, devices, checksum=checksum, combine=combine,
-                                        pool=self._crc_pool, threads=THREADS)
+            got, staged = upload.upload(_bytes_of(data), manifest.tensors, devices, pool=self._crc_pool, threads=THREADS)
         else:
             got = checksum_of(memoryview(data), self._crc_pool)
         if got != manifest.files[DATA].crc32:

@@ -19,15 +19,13 @@ import bisect
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from resctl.checkpoint import format as fmt
+from resctl.checkpoint.crc import checksum, combine
 
-#: (bytes, running value) -> checksum; and (crc(A), crc(B), len(B)) -> crc(A + B).
-ChecksumFn = Callable[..., int]
-CombineFn = Callable[[int, int, int], int]
 
 CHUNK = 32 << 20  # bytes per bounce buffer: 2 per worker, pinned when any destination is on CUDA
 
@@ -67,8 +65,7 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def upload(src: torch.Tensor, specs: Sequence[fmt.TensorSpec], devices: Sequence[torch.device], *,
-           checksum: ChecksumFn, combine: CombineFn, pool: ThreadPoolExecutor | None = None, threads: int = 1,
-           chunk: int = CHUNK) -> tuple[int, list[torch.Tensor]]:
+           pool: ThreadPoolExecutor | None = None, threads: int = 1, chunk: int = CHUNK) -> tuple[int, list[torch.Tensor]]:
     """Checksum the whole of `src` (a CPU uint8 stream) and copy each spec's bytes into a new tensor
     on `devices[i]`; return (checksum, tensors). Work runs on `pool` (`threads` parts; inline when
     no pool). Returns once every copy has completed."""

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis.strategies import binary as st_bytes
 
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint import memdir, memory
+from resctl.checkpoint import crc, memdir, memory
 from resctl.checkpoint.engine import Checkpointer
 from resctl.telemetry.events import EventLog, read_events
 from tests.unit.test_checkpoint import _assert_same, _fresh, _trained
@@ -245,13 +245,13 @@ def test_a_full_shared_memory_turns_the_tier_off_without_stopping_training(tmp_p
 @settings(max_examples=60, deadline=None)
 @given(a=st_bytes(max_size=300), b=st_bytes(max_size=300))
 def test_combined_checksums_equal_one_checksum_of_the_whole(a: bytes, b: bytes) -> None:
-    assert memory.combine(memory.checksum(a), memory.checksum(b), len(b)) == memory.checksum(a + b)
+    assert crc.combine(crc.checksum(a), crc.checksum(b), len(b)) == crc.checksum(a + b)
 
 
 def test_parallel_checksum_of_many_parts_equals_the_sequential_one(monkeypatch: pytest.MonkeyPatch) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(memory, "CHUNK", 4096)
+    monkeypatch.setattr(crc, "CHUNK", 4096)
     data = bytes(range(256)) * 77 + b"tail"  # 4.8 parts of 4 KiB
     with ThreadPoolExecutor(3) as pool:
-        assert memory.checksum_of(memoryview(data), pool) == memory.checksum(data)
+        assert crc.checksum_of(memoryview(data), pool) == crc.checksum(data)

@@ -34,8 +34,8 @@ def test_upload_copies_every_tensor_and_checksums_the_whole_stream(shapes, chunk
     tensors = [torch.randint(0, 100, shape).to(dtype) if shape else torch.tensor(3).to(dtype) for dtype, shape in shapes]
     stream, specs = _stream(tensors)
     with ThreadPoolExecutor(4) as pool:
-        crc, outs = upload.upload(stream, specs, [torch.device("cpu")] * len(specs), checksum=memory.checksum,
-                                  combine=memory.combine, pool=pool, threads=threads, chunk=chunk)
+        crc, outs = upload.upload(stream, specs, [torch.device("cpu")] * len(specs),
+                                  pool=pool, threads=threads, chunk=chunk)
     assert crc == memory.checksum(fmt.byte_view(stream))
     for t, out in zip(tensors, outs):
         assert out.dtype == t.dtype and out.shape == t.shape
@@ -49,12 +49,10 @@ def test_a_flipped_byte_anywhere_changes_the_checksum(shapes, data):
     stream, specs = _stream(tensors)
     if stream.numel() == 0:
         return
-    good, _ = upload.upload(stream, specs, [torch.device("cpu")] * len(specs), checksum=memory.checksum,
-                            combine=memory.combine, chunk=64)
+    good, _ = upload.upload(stream, specs, [torch.device("cpu")] * len(specs), chunk=64)
     at = data.draw(hs.integers(0, stream.numel() - 1))
     stream[at] ^= 0x10
-    bad, _ = upload.upload(stream, specs, [torch.device("cpu")] * len(specs), checksum=memory.checksum,
-                           combine=memory.combine, chunk=64)
+    bad, _ = upload.upload(stream, specs, [torch.device("cpu")] * len(specs), chunk=64)
     assert bad != good
 
 
