@@ -262,18 +262,17 @@ class MemoryTier:
             except Exception:  # noqa: BLE001 - reported by the engine's failed-save policy
                 pass
 
-    def warm(self, total: int, device: "torch.device | bool | None") -> None:
-        """Map both slots for a `total`-byte stream, registered with CUDA when `device` is (a CUDA
-        device or True for the current one), in the background: the first snapshot into a slot would
-        otherwise block the loop for it (seconds for GBs: allocating and pinning). The next `save`
-        waits for what is left of it."""
-        pin = device is not None and device is not False
+    def warm(self, total: int, device: torch.device | None) -> None:
+        """Map both slots for a `total`-byte stream, registered with CUDA for `device` (None: a
+        CPU state), in the background: the first snapshot into a slot would otherwise block the
+        loop for it (seconds for GBs: allocating and pinning). The next `save` waits for what is
+        left of it."""
+        pin = device is not None
         if all(s.ready(total, pin) for s in self._slots):
             return
-        where = device if isinstance(device, torch.device) else None
 
         def job() -> None:
-            with torch.cuda.device(where) if where is not None else contextlib.nullcontext():
+            with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
                 for slot in self._slots:
                     slot.buffer(total, pin=pin)
 
