@@ -162,7 +162,6 @@ class Checkpointer:
         self._inflight_path: Path | None = None
         self._arena: torch.Tensor | None = None
         self._dev_arena: torch.Tensor | None = None
-        self._zeroed: dict[int, tuple[Any, ...]] = {}  # arena address -> the layout its padding was zeroed for
         self._views: tuple[Any, list[torch.Tensor]] | None = None  # (arena and layout, its tensor views)
         self._meta_checked: tuple[Any, list[str]] | None = None  # the last structure that passed weights_only
         self._d2h_stream: Any = None
@@ -571,7 +570,6 @@ class Checkpointer:
         if arena is None or arena.numel() < total or (pinned and not arena.is_pinned()):
             # Reused between saves: allocating (and, on CUDA, pinning) GBs each time costs more than the copy.
             self._arena = None
-            self._zeroed.clear()
             arena = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=pinned)
             self._arena = arena
         return arena
@@ -580,7 +578,6 @@ class Checkpointer:
         arena = self._dev_arena
         if arena is None or arena.numel() < total or arena.device != device:
             self._dev_arena = arena = None  # let the old buffer go before taking a larger one
-            self._zeroed.clear()
             try:
                 arena = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
             except torch.cuda.OutOfMemoryError:
@@ -611,9 +608,9 @@ class Checkpointer:
         if specs is None:
             specs, _ = fmt.plan_stream(tensors)
         srcs = [t.detach() for t, spec in zip(tensors, specs) if spec.nbytes]
+        views = self._arena_views(arena, specs, total)
         if srcs:
-            torch._foreach_copy_(self._arena_views(arena, specs), srcs, non_blocking=non_blocking)
-        self._zero_padding(arena, specs, total)
+            torch._foreach_copy_(views, srcs, non_blocking=non_blocking)
         if on_cuda:
             # The copies ran on the devices' current streams; wait for them (not for a background
             # device-to-host copy on a side stream): the caller may change its tensors from any stream
@@ -622,24 +619,16 @@ class Checkpointer:
                 torch.cuda.current_stream(device).synchronize()
         return arena.narrow(0, 0, total)
 
-    def _arena_views(self, arena: torch.Tensor, specs: list[fmt.TensorSpec]) -> list[torch.Tensor]:
+    def _arena_views(self, arena: torch.Tensor, specs: list[fmt.TensorSpec], total: int) -> list[torch.Tensor]:
         """The arena's bytes viewed as the tensors of `specs` (empty ones left out), kept for the
-        next save of the same layout into the same arena (256 tensors: ~1 ms of Python each time)."""
+        next save of the same layout into the same arena (256 tensors: ~1 ms of Python each time).
+        Made anew, the bytes between tensors are zeroed, so a file's bytes (and CRC) depend only on
+        the state; no copy writes them, so they stay zero while the views are kept (on a device each
+        gap would cost a kernel launch per save). The kept views hold the arena: its address is
+        never another buffer's while they live."""
         key = (arena.data_ptr(), arena.numel(), arena.device, tuple(specs))
         if self._views is not None and self._views[0] == key:
             return self._views[1]
-        views = [arena.narrow(0, s.offset, s.nbytes).view(fmt.dtype_from_name(s.dtype)).view(s.shape)
-                 for s in specs if s.nbytes]
-        self._views = (key, views)
-        return views
-
-    def _zero_padding(self, arena: torch.Tensor, specs: list[fmt.TensorSpec], total: int) -> None:
-        """Zero the bytes between tensors, so a file's bytes (and CRC) depend only on the state. No
-        copy writes them, so an arena zeroed for the same layout before is left alone (on a device
-        each gap would cost a kernel launch per save)."""
-        key = (arena.data_ptr(), total, tuple((s.offset, s.nbytes) for s in specs))
-        if self._zeroed.get(arena.data_ptr()) == key:
-            return
         pos = 0
         for spec in specs:
             if spec.offset > pos:
@@ -647,7 +636,10 @@ class Checkpointer:
             pos = spec.offset + spec.nbytes
         if total > pos:
             arena.narrow(0, pos, total - pos).zero_()
-        self._zeroed[arena.data_ptr()] = key
+        views = [arena.narrow(0, s.offset, s.nbytes).view(fmt.dtype_from_name(s.dtype)).view(s.shape)
+                 for s in specs if s.nbytes]
+        self._views = (key, views)
+        return views
 
     def _to_host(self, staged: torch.Tensor) -> torch.Tensor:
         """A device-staged stream copied into the pinned host arena (in the background job, on a
