@@ -7,7 +7,7 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -32,6 +32,19 @@ def _trained(seed: int = 0, steps: int = 3) -> tuple[torch.nn.Module, torch.opti
         optim.step()
         optim.zero_grad()
     return model, optim
+
+
+def _training(steps: range) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A small model and AdamW (`_trained`, seed 1, one step) trained one more step per item of
+    `steps`; yields (step, state) after each, the state's `extra` naming the step."""
+    model, optim = _trained(seed=1, steps=1)
+    state: dict[str, Any] = {"model": model, "optim": optim, "extra": {"note": "x"}}
+    for step in steps:
+        model(torch.randn(4, 16)).pow(2).mean().backward()
+        optim.step()
+        optim.zero_grad()
+        state["extra"] = {"note": "x", "step": step}
+        yield step, state
 
 
 def _fresh() -> dict[str, Any]:

@@ -24,7 +24,7 @@ from resctl.checkpoint import format as fmt
 from resctl.checkpoint import crc, memdir, memory
 from resctl.checkpoint.engine import Checkpointer
 from resctl.telemetry.events import EventLog, read_events
-from tests.unit.test_checkpoint import _assert_same, _fresh, _trained
+from tests.unit.test_checkpoint import _assert_same, _fresh, _training
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,13 +48,8 @@ def _slots(shm: Path, run: str = "run-a", rank: int = 0) -> Path:
 
 
 def _train_and_snapshot(c: Checkpointer, steps: range) -> dict[str, Any]:
-    model, optim = _trained(seed=1, steps=1)
-    state = {"model": model, "optim": optim, "extra": {"note": "x"}}
-    for step in steps:
-        model(torch.randn(4, 16)).pow(2).mean().backward()
-        optim.step()
-        optim.zero_grad()
-        state["extra"] = {"note": "x", "step": step}
+    state: dict[str, Any] = {}
+    for step, state in _training(steps):
         c.maybe_save(state, step)
     c.wait()
     return state

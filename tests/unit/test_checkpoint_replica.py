@@ -30,7 +30,7 @@ from resctl.checkpoint import format as fmt
 from resctl.checkpoint import replica_wire as wire
 from resctl.checkpoint.engine import Checkpointer
 from resctl.telemetry.events import EventLog, read_events
-from tests.unit.test_checkpoint import _assert_same, _fresh, _trained
+from tests.unit.test_checkpoint import _assert_same, _fresh, _training
 
 KEY = "run-r"
 
@@ -61,13 +61,8 @@ def _snapshots(root: Path, steps: range, rank: int = 0, events: EventLog | None 
     c = Checkpointer(dir=root / "ck", interval_steps=10**6, memory_every=1, run_id=KEY, async_=False)
     tier = memory.MemoryTier(KEY, rank, run_id=KEY, events=events, root=root)
     tier.replicate_to(addr)
-    model, optim = _trained(seed=1, steps=1)
-    state = {"model": model, "optim": optim, "extra": {"note": "x"}}
-    for step in steps:
-        model(torch.randn(4, 16)).pow(2).mean().backward()
-        optim.step()
-        optim.zero_grad()
-        state["extra"] = {"note": "x", "step": step}
+    state: dict[str, Any] = {}
+    for step, state in _training(steps):
         entries, stateful = st.snapshot_entries(state)
         tensors: list[torch.Tensor] = []
         structure = st.flatten(entries, tensors, {})
