@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,9 @@ def _report(cmd: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    return sorted(line[line.index("rank="):] for line in out.splitlines() if "rank=" in line and "threads=" in line)
+    # Found anywhere in the output, not per line: two workers printing at the same instant to the one
+    # stdout they share can land on one line (the text and its newline are separate writes).
+    return sorted(re.findall(r"rank=\d+ threads=\d+ interop=\d+ omp=\S+? cuda_init=(?:True|False)", out))
 
 
 @pytest.mark.parametrize("omp", [None, "2"], ids=["launcher-sets-omp", "user-sets-omp"])
