@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from resctl.launch import adapters, launcher_logs, preload, stop
+from resctl.launch import adapters, launcher_logs, lifeline, preload, stop
 
 
 def _launcher_title() -> str:
@@ -28,7 +28,11 @@ def _launcher_title() -> str:
 
 def main() -> None:
     import atexit
+    import signal
 
+    # First: a `resctl run` SIGKILLed from here on still stops the job (a SIGTERM: its final save).
+    lifeline.die_with_parent(signal.SIGTERM, lifeline.expected(os.environ, lifeline.RUN_PID_ENV))
+    os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())  # exec'd workers set theirs (resctl.shim)
     launcher_logs.quiet_logs()
 
     marker = stop.file_for(os.getpid())

@@ -61,6 +61,8 @@ class LaunchPlan:
     replica_port: int | None = None
     origins: dict[str, str] = field(default_factory=dict)  # "launch.run_dir" -> where its value came from
     layers: list[str] = field(default_factory=list)  # which recovery layers are on, and why (--dry-run)
+    #: launch.term_timeout: after a forwarded stop, `resctl run` kills what is left once it is over.
+    term_timeout: float = 60.0
 
     def command(self, program: Sequence[str] = ("ft_launcher",)) -> list[str]:
         return [*program, *self.args]
@@ -280,7 +282,8 @@ def plan(
     origins = {key: src(key) for key in ("launch.run_dir", "launch.log_dir", "launch.metrics_port", "launch.metrics_addr")}
     return LaunchPlan(args, env, files, dirs, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
                       metrics_port=launch.metrics_port, metrics_addr=launch.metrics_addr, origins=origins,
-                      layers=recovery_layers(p, series, fork_workers), replica_port=replica_port)
+                      layers=recovery_layers(p, series, fork_workers), replica_port=replica_port,
+                      term_timeout=launch.term_timeout)
 
 
 def _replica_port(p: Profile, rendezvous: Rendezvous) -> int | None:

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 ENV = "RESCTL_STOP_FILE"
+#: Set by the launcher for workers it starts after a job stop arrived while it was restarting (the
+#: signal had no worker to reach): such a worker begins the job stop as soon as its shim is in place.
+JOB_STOP_ENV = "RESCTL_JOB_STOP"
 FATAL_FILE = "fatal.json"  # in the run directory: a worker's reason to stop the job instead of restarting it
 
 
