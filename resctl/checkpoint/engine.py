@@ -490,13 +490,18 @@ class Checkpointer:
             self._bg.shutdown(wait=True)
             self._pool.shutdown(wait=True)
             self._prune_exec.shutdown(wait=True)
-            with self._recycle_lock:
-                waiting, self._recycled = self._recycled, None
-            if waiting is not None:  # nobody will overwrite it now: give the space back
-                shutil.rmtree(waiting, ignore_errors=True)
+            self.drop_recycled()
             if self._memory is not None:
                 self._memory.close()
             self._owner.release()
+
+    def drop_recycled(self) -> None:
+        """Remove the pruned checkpoint kept for the next write to overwrite: nobody will now (the
+        script ended, or `close`), and a whole checkpoint must not be left behind in a hidden directory."""
+        with self._recycle_lock:
+            waiting, self._recycled = self._recycled, None
+        if waiting is not None:
+            shutil.rmtree(waiting, ignore_errors=True)
 
     def wait_previous(self) -> float:
         """Wait for the write in flight; return the seconds waited. A failed write is reported

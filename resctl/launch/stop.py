@@ -69,7 +69,9 @@ def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int
     sending SIGTERM to this worker's launcher, which then stops every worker as for a job stop.
     `resctl run` prints the reason and exits with `exit_code` instead of restarting up to max_restarts."""
     if run_dir is not None:
-        record = {"rank": rank, "error": f"{type(err).__name__}: {err}", "exit_code": exit_code}
+        from resctl.redact import redact_text
+
+        record = {"rank": rank, "error": redact_text(f"{type(err).__name__}: {err}"), "exit_code": exit_code}
         tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}"
         try:
             # Complete before it is visible, first rank wins: a rank stopped mid-write (another rank's

@@ -355,6 +355,8 @@ class Shim:
         if self.stop_step is not None and status != "sigterm":  # a stopping rank's wait has ended already
             self.stop_step.close()
         self.heartbeats.close()
+        if self.checkpointer is not None:
+            self.checkpointer.drop_recycled()  # no write of this process will reuse it
         if status == "ok" and self.checkpointer is not None:
             self.checkpointer.release_memory()  # a clean end: no restart will restore this rank's snapshots
 
