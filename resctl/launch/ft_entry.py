@@ -37,7 +37,7 @@ def main() -> None:
 
     marker = stop.file_for(os.getpid())
     os.environ[stop.ENV] = str(marker)
-    atexit.register(stop.clear, marker)
+    atexit.register(stop.remove, marker)
     adapters.apply_adapters()
     adapters.install_fork_hook(os.getpid())
     launcher_logs.install()  # no secrets or stop tracebacks in its log
