@@ -122,8 +122,8 @@ class _Slot:
                 self._register()
             return self._view
         self.close()
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / DATA, os.O_RDWR | os.O_CREAT, 0o600)
+        memdir.ensure_private(self.path)  # 0700 and this user's, or refused: never another user's link
+        fd = os.open(self.path / DATA, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             if os.fstat(fd).st_size != total:
                 os.ftruncate(fd, 0)
@@ -350,6 +350,7 @@ class MemoryTier:
         )
         tmp = slot.path / f".{fmt.MANIFEST}.tmp"
         fmt.write_manifest(tmp, manifest, durable=False)
+        os.chmod(tmp, 0o600)
         os.rename(tmp, slot.path / fmt.MANIFEST)  # the commit point
         if self.replicator is not None:
             self.replicator.offer(snap.step, snap.slot)

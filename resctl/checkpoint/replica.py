@@ -115,9 +115,13 @@ class _TCPServer(socketserver.ThreadingTCPServer):
 class ReplicaServer:
     """Keeps the buddy copies of other nodes' ranks in this node's shared memory (see the module doc)."""
 
-    def __init__(self, key: str, port: int = 0, host: str = "0.0.0.0", root: Path | None = None) -> None:
+    launch: str | None = None  # the memory tree's launch suffix (memdir); None: this process's env
+
+    def __init__(self, key: str, port: int = 0, host: str = "0.0.0.0", root: Path | None = None,
+                 launch: str | None = None) -> None:
         self.key = key
         self.root = root
+        self.launch = launch
         self._locks: dict[int, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._server = _TCPServer((host, port), _Handler)
@@ -134,7 +138,7 @@ class ReplicaServer:
         self._server.server_close()
 
     def slots(self, rank: int) -> list[Path]:
-        base = memdir.replica_dir(self.key, rank, self.root)
+        base = memdir.replica_dir(self.key, rank, self.root, self.launch)
         return [base / f"slot-{k}" for k in range(memdir.SLOTS)]
 
     @contextmanager

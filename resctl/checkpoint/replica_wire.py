@@ -206,7 +206,7 @@ def receive_into_slot(conn: Conn, slot: Path, payload: Payload) -> None:
     """Receive a payload's bytes into `slot` and commit it (manifest last); on any failure the slot
     holds no manifest. Raises WireError (cut short, checksum mismatch) or OSError (e.g. shm full)."""
     invalidate(slot)
-    slot.mkdir(parents=True, exist_ok=True)
+    memdir.ensure_private(slot)
     size, crc = payload.data
     meta = recv_exact(conn, payload.meta[0])
     got = _receive_file(conn, slot / DATA, size)
@@ -223,7 +223,7 @@ def receive_into_slot(conn: Conn, slot: Path, payload: Payload) -> None:
 def _receive_file(conn: Conn, path: Path, size: int) -> int:
     """Stream `size` bytes into `path` (preallocated: a full tmpfs fails here, not with SIGBUS)
     through a shared mapping; return their checksum."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, 0)

@@ -117,16 +117,18 @@ def serve_metrics(launch_plan: LaunchPlan) -> str:
     return f"[{host}]:{server.server_port}" if ":" in host else f"{host}:{server.server_port}"
 
 
-def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callable[[str], None]) -> "ReplicaServer | None":
+def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callable[[str], None],
+                  launch: str = "") -> "ReplicaServer | None":
     """Start this node's memory-tier replica server when the plan replicates (the workers find it in
-    `RESCTL_REPLICA_ADDR`, added to `env`); it lives as long as this process, across worker restarts."""
+    `RESCTL_REPLICA_ADDR`, added to `env`); it lives as long as this process, across worker restarts.
+    `launch`: this launch's memory-tree suffix (`memdir.new_launch`)."""
     if launch_plan.replica_port is None:
         return None
     from resctl.checkpoint import memdir, replica
 
     key = memdir.job_key(launch_plan.run_id, "")
     try:
-        server = replica.ReplicaServer(key, launch_plan.replica_port)
+        server = replica.ReplicaServer(key, launch_plan.replica_port, launch=launch)
     except OSError as err:
         raise UsageError(
             f"checkpoint.memory_replicate_port = {launch_plan.replica_port}: cannot listen on it: "
@@ -216,8 +218,13 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     on_event(f"resctl: run {launch_plan.run_id} -> {launch_plan.run_dir}")
     if launch_plan.metrics_port is not None:
         on_event(f"resctl: metrics on http://{serve_metrics(launch_plan)}/metrics")
-    env = {**os.environ, **launch_plan.env, lifeline.RUN_PID_ENV: str(os.getpid())}
-    replica_server = serve_replica(launch_plan, env, on_event)
+    from resctl.checkpoint import memdir
+
+    # This launch's own memory-tier tree: another job with the same run id on this node has its own.
+    launch = memdir.new_launch()
+    memdir.sweep_dead_launches(launch_plan.run_id)
+    env = {**os.environ, **launch_plan.env, lifeline.RUN_PID_ENV: str(os.getpid()), memdir.LAUNCH_ENV: launch}
+    replica_server = serve_replica(launch_plan, env, on_event, launch)
     received: list[int] = []
     children: list[subprocess.Popen[bytes]] = []
 
@@ -243,9 +250,7 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         if replica_server is not None:
             replica_server.close()
     code = exit_code(launcher_code, received)
-    from resctl.checkpoint import memdir
-
-    memdir.release_job(launch_plan.run_id)  # backstop: memory-tier snapshots this node's workers left
+    memdir.release_job(launch_plan.run_id, launch=launch)  # backstop: memory-tier snapshots this node's workers left
     fatal = stop.read_fatal(launch_plan.run_dir) if code != 0 else None
     if fatal is not None:
         on_event(f"resctl: rank {fatal.get('rank')} stopped the job (no restart can cure it): {fatal.get('error')}")
