@@ -522,7 +522,8 @@ class MemoryTier:
         try:
             held = replica.listing(self.replicator.addr, self.key, self.rank)
         except (replica.WireError, OSError) as err:
-            log.warning("the buddy node's memory snapshots are out of reach (%s): %s", self.replicator.addr, err)
+            log.warning("the buddy node's memory snapshots are out of reach (%s): %s", replica.shown(self.replicator.addr),
+                        err)
             return set()
         found = set()
         for p in held:

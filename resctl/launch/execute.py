@@ -140,10 +140,9 @@ def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callab
         on_event(f"resctl: memory-tier replication off on this node: no address other nodes can reach (only "
                  f"loopback found); set {replica.HOST_ENV} to this node's address")
         return None
-    addr = replica.format_addr(host, server.port)
-    env[replica.ADDR_ENV] = addr
+    env[replica.ADDR_ENV] = server.address(host)  # with its secret: for this job's workers only
     if os.environ.get("RESCTL_VERBOSE") == "1":
-        on_event(f"resctl: memory replica server on {addr}")
+        on_event(f"resctl: memory replica server on {replica.format_addr(host, server.port)}")
     return server
 
 
