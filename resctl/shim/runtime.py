@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from resctl.checkpoint import memdir
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
 from resctl.shim import fork_env, snapshots
@@ -357,8 +358,12 @@ class Shim:
         self.heartbeats.close()
         if self.checkpointer is not None:
             self.checkpointer.drop_recycled()  # no write of this process will reuse it
-        if status == "ok" and self.checkpointer is not None:
-            self.checkpointer.release_memory()  # a clean end: no restart will restore this rank's snapshots
+        if status == "ok" and self.checkpointer is not None and not os.environ.get(memdir.LAUNCH_ENV):
+            # A clean end without `resctl run`: nobody else removes this rank's snapshots. Under
+            # `resctl run` they stay until the job as a whole is done (its backstop removes them):
+            # a peer killed after this rank finished restarts the group, and this rank's state must
+            # still be there (issue 27).
+            self.checkpointer.release_memory()
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
