@@ -122,6 +122,7 @@ def ensure_private(path: Path) -> None:
             levels = [path]
             break
         levels.append(parent)
+    levels[-1].parent.mkdir(parents=True, exist_ok=True)  # the root (/dev/shm, RESCTL_SHM_DIR): not ours to secure
     for level in reversed(levels):
         try:
             os.mkdir(level, 0o700)
