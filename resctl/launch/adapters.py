@@ -281,6 +281,12 @@ class _JobStop:
             raise cls.exception()
 
 
+def stop_exit_code(code: int) -> int:
+    """The launcher's exit code: 128+N when signal N stopped the job and it did not end well (NVRx
+    exits 1), so a launcher signalled directly (not through `resctl run`) still exits 143."""
+    return 128 + _JobStop.signum if code != 0 and _JobStop.signum is not None else code
+
+
 def _elastic_api() -> Any:
     try:  # NVRx 0.4/0.5 start workers through their own copy of torch elastic; 0.6+ through torch's
         from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing import api

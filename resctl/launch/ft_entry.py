@@ -53,7 +53,7 @@ def main() -> None:
         code = 0
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    exit_quickly(code)
+    exit_quickly(adapters.stop_exit_code(code))
 
 
 def exit_quickly(code: int) -> None:
