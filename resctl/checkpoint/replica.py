@@ -36,6 +36,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import secrets
 import socket
 import socketserver
 import threading
@@ -43,8 +44,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
-
-import secrets
 
 from resctl.checkpoint import memdir
 from resctl.checkpoint.replica_wire import (

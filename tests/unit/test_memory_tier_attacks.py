@@ -45,7 +45,7 @@ def _snapshot(c: Checkpointer, steps: range) -> dict[str, Any]:
     return state
 
 
-def _plant(root: Path, targets: Path) -> Path:
+def _plant(user: User, root: Path, targets: Path) -> Path:
     """As the attacker: the slot directory of rank 0 (mode 777) with links at every file name."""
     slot = root / "resctl-slurm-4242" / "rank-0" / "slot-0"
 
@@ -56,23 +56,16 @@ def _plant(root: Path, targets: Path) -> Path:
         for name in SLOT_FILES:
             (slot / name).symlink_to(targets / name)
 
-    as_user(attacker_user[0], plant)
+    as_user(user, plant)
     return slot
 
 
-attacker_user: list[User] = []
-
-
-@pytest.fixture(autouse=True)
-def _user(attacker: User) -> None:  # noqa: F811
-    attacker_user[:] = [attacker]
-
-
-def test_a_tree_another_user_planted_is_refused_and_no_link_is_followed(shm: Path, tmp_path: Path) -> None:
+def test_a_tree_another_user_planted_is_refused_and_no_link_is_followed(attacker: User, shm: Path,  # noqa: F811
+                                                                       tmp_path: Path) -> None:
     targets = tmp_path / "targets"  # what root must never write: an existing file and new names
     targets.mkdir()
     (targets / "data-0.bin").write_bytes(b"precious")
-    slot = _plant(shm, targets)
+    slot = _plant(attacker, shm, targets)
     c = _job(tmp_path, "ck")
     _snapshot(c, range(1, 4))
     c.close()
@@ -82,11 +75,11 @@ def test_a_tree_another_user_planted_is_refused_and_no_link_is_followed(shm: Pat
     assert c.memory_off and "another user" in c.memory_off, c.memory_off  # the tier is off, and says why
 
 
-def test_with_a_launch_suffix_the_tree_is_private_and_the_planted_one_unused(shm: Path, tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_a_launch_suffix_the_tree_is_private_and_the_planted_one_unused(
+        attacker: User, shm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     targets = tmp_path / "targets"
     targets.mkdir()
-    slot = _plant(shm, targets)
+    slot = _plant(attacker, shm, targets)
     monkeypatch.setenv(memdir.LAUNCH_ENV, memdir.new_launch())
     c = _job(tmp_path, "ck")
     saved = _snapshot(c, range(1, 4))
@@ -133,7 +126,7 @@ def test_a_dead_launchs_tree_is_swept_a_live_ones_kept(shm: Path) -> None:
     assert live.exists() and not dead.exists()
 
 
-def test_release_leaves_another_users_directory_alone(shm: Path, tmp_path: Path) -> None:
-    _plant(shm, tmp_path)
+def test_release_leaves_another_users_directory_alone(attacker: User, shm: Path, tmp_path: Path) -> None:  # noqa: F811
+    _plant(attacker, shm, tmp_path)
     assert not memdir.release_job("slurm-4242", launch="")
     assert (shm / "resctl-slurm-4242" / "rank-0" / "slot-0").is_dir()
