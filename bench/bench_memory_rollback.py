@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.integration.jobs import finish, start  # noqa: E402
+from tests.integration.jobs import events, finish, start, wait_for  # noqa: E402
 from tests.integration.test_memory_rollback import job, kill_randomly, recoveries  # noqa: E402
 
 
@@ -41,6 +41,8 @@ def main() -> None:
             name = f"job{n}"
             proc = start(job(tmp, name, steps=100_000), cwd=tmp)
             kill_randomly(tmp / name, proc, kills, rng)
+            wait_for(lambda: {e["rank"] for e in events(tmp / name) if e["kind"] == "resume" and e["cycle"] == kills}
+                     == {0, 1}, 240, "the last kill's recovery", proc)
             proc.terminate()  # enough: stop the job
             finish(proc, timeout=120)
             got = recoveries(tmp / name)[:kills]

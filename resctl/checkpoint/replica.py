@@ -203,6 +203,7 @@ class ReplicaServer:
         try:
             conn.sendall(hello(auth.nonce))
             op, header = read_frame(timed, auth)
+            conn.settimeout(TIMEOUT)  # replies and GET data: per send, as the clients read (a PUT's data: `timed`)
             if header.get("job") != self.key:
                 raise WireError("not this server's job")  # says nothing of the job it serves
             rank = header.get("rank")
