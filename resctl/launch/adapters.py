@@ -302,7 +302,10 @@ def _stops_never_lost(patches: Patches) -> None:
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
     api = _elastic_api()
-    handler = api._terminate_process_handler
+    agent_cls = launcher.LocalElasticAgent
+    handler = getattr(api, "_terminate_process_handler", None)
+    if handler is None or not all(hasattr(agent_cls, m) for m in ("_invoke_run", "_restart_workers", "_start_workers")):
+        return  # another launcher shape: nothing known to swallow a stop there
 
     def remembering_handler(signum: int, frame: Any) -> None:
         if _JobStop.signum is None:
@@ -311,7 +314,6 @@ def _stops_never_lost(patches: Patches) -> None:
             handler(signum, frame)  # raises SignalException
 
     patches.set(api, "_terminate_process_handler", remembering_handler)  # looked up when workers start
-    agent_cls = launcher.LocalElasticAgent
     invoke_run, restart_workers, start_workers = (
         agent_cls._invoke_run, agent_cls._restart_workers, agent_cls._start_workers)
 
