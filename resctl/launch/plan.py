@@ -257,10 +257,7 @@ def plan(
         env.setdefault("PYTHONUNBUFFERED", "1")  # what `python -u` gives exec'd workers
     env["RESCTL_RUN_DIR"] = str(run_dir)
     env["RESCTL_PLAN"] = str(run_dir / PLAN_FILE)
-    if inproc.enabled:
-        for k, v in INPROCESS_ENV.items():
-            if k not in user_env and k not in env:
-                env[k] = v
+    env.update(inprocess_env(p, {**user_env, **env}))
     files[run_dir / PLAN_FILE] = plan_json(p, run_id, run_dir, nvrx_version, target)
     notes = [*rendezvous.notes, *notes_shim]
     if p.faults.schedule:
@@ -281,6 +278,15 @@ def plan(
     return LaunchPlan(args, env, files, dirs, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
                       metrics_port=launch.metrics_port, metrics_addr=launch.metrics_addr, origins=origins,
                       layers=recovery_layers(p, series, fork_workers), replica_port=replica_port)
+
+
+def inprocess_env(p: Profile, user_env: Mapping[str, str]) -> dict[str, str]:
+    """What the plan adds to the workers' environment for in-process restart: NVIDIA's documented
+    settings (INPROCESS_ENV) that `user_env` (the launcher's environment and [launch.env]) lacks.
+    `resctl doctor` judges the environment with these added, as the workers will get it."""
+    if not p.inprocess.enabled:
+        return {}
+    return {k: v for k, v in INPROCESS_ENV.items() if k not in user_env}
 
 
 def _replica_port(p: Profile, rendezvous: Rendezvous) -> int | None:
