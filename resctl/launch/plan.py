@@ -180,9 +180,10 @@ def plan(
     add("--monitor-interval", _seconds(launch.monitor_interval), "launch.monitor_interval")
     add("--term-timeout", _seconds(launch.term_timeout), "launch.term_timeout")
     add("--workers-stop-timeout", _seconds(launch.workers_stop_timeout), "launch.workers_stop_timeout")
-    fork_workers = launch.worker_start == "fork" and launch.use_shim and not target.no_python
+    fork_workers = (launch.worker_start == "fork" and launch.start_method == "fork" and launch.use_shim
+                    and not target.no_python)
     if fork_workers:
-        add("--start-method", "fork", "launch.worker_start")
+        add("--start-method", "fork", "launch.start_method")
     else:
         add("--start-method", launch.start_method, "launch.start_method")
     log_dir = Path(launch.log_dir) if launch.log_dir else run_dir / "logs"
@@ -303,7 +304,9 @@ def recovery_layers(p: Profile, series: str, fork_workers: bool) -> list[str]:
     """Which recovery layers this plan turns on, and why (for --dry-run and the run's first lines)."""
     launch, inproc = p.launch, p.inprocess
     start = ("workers forked from the launcher, so a restart starts no new Python" if fork_workers
-             else "workers are fresh interpreters (launch.worker_start = \"exec\")")
+             else "workers are fresh interpreters (" + (f'launch.start_method = "{launch.start_method}"'
+                                                        if launch.start_method != "fork"
+                                                        else 'launch.worker_start = "exec"') + ")")
     out = [f"in-job restart: on, up to {launch.max_restarts} (launch.max_restarts): a dead, failed or hung worker "
            f"restarts the group; {start}; survivors leave at once, SIGKILL after "
            f"{launch.workers_stop_timeout:g}s (launch.workers_stop_timeout)"]

@@ -232,7 +232,10 @@ class Launch(Section):
     restart_policy: Literal["auto", "any-failed", "min-healthy"] = Field(
         "auto", description="auto picks min-healthy on NVRx 0.4 when in-process restart is on, else any-failed."
     )
-    start_method: Literal["spawn", "fork", "forkserver"] = Field("spawn", description="How the launcher starts workers.")
+    start_method: Literal["spawn", "fork", "forkserver"] = Field(
+        "fork", description="torchrun's --start-method. fork: workers are forked from the launcher (as worker_start "
+        "says); spawn or forkserver: each worker is a fresh interpreter (worker_start = \"exec\" then).",
+    )
     worker_start: Literal["fork", "exec"] = Field(
         "fork",
         description="fork: workers are forked from the launcher, which has imported torch once (in-job restarts in "
