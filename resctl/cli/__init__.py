@@ -12,6 +12,7 @@ import os
 import sys
 
 import typer
+import typer.core
 
 from resctl import __version__
 from resctl.cli import doctor_cmd, profile_cmd, report_cmd, run_cmd, tune_cmd
@@ -51,6 +52,32 @@ app.command("tune-interval", epilog=tune_cmd.EPILOG)(tune_cmd.tune_interval)
 app.command("report", epilog=report_cmd.EPILOG)(report_cmd.report)
 
 
+#: Metavars where the option's name upper-cased (argparse's and so torchrun's way) says less.
+METAVARS = {"set_": "KEY=VALUE", "profile": "FILE"}
+
+
+def command() -> typer.core.TyperGroup:
+    """The click command of `app`, its help showing what a value is (`--nnodes NNODES`,
+    `--set KEY=VALUE`), as torchrun's does, instead of Python types (`<list[str]>`)."""
+    import typer.main
+
+    root = typer.main.get_command(app)
+
+    def walk(cmd: typer.core.TyperCommand | typer.core.TyperGroup) -> None:
+        for param in cmd.params:
+            if isinstance(param, typer.core.TyperArgument):
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]  # SCRIPT, not SCRIPT <str>
+                param.metavar = param.metavar or (param.name or "").upper()
+            elif param.metavar is None and not getattr(param, "is_flag", False):
+                name = param.name or ""
+                param.metavar = METAVARS.get(name, name.rstrip("_").upper())
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    walk(root)
+    return root  # type: ignore[return-value]
+
+
 INTERNAL = "internal error (a bug in resctl):"
 
 
@@ -59,7 +86,7 @@ def main() -> None:
 
     debug = os.environ.get("RESCTL_DEBUG") == "1"
     try:
-        app(prog_name="resctl")
+        command()(prog_name="resctl")
     except ResctlError as err:
         if debug:
             raise

@@ -33,7 +33,9 @@ def doctor(
     storage_mb: Annotated[Optional[int], typer.Option("--storage-mb", min=0, help="MB the storage test writes (doctor.storage_test_mb); 0 skips it.")] = None,
     root: Annotated[Path, typer.Option("--root", help="Read /sys, /proc, /dev and nvml.json under this node snapshot instead of this machine.")] = Path("/"),
 ) -> None:
-    """Check that this node is fit to train: GPUs, NVLink, EFA, storage, /dev/shm, memlock, env, DNS, clock, memory.
+    """Check that this node is fit to train.
+
+    GPUs, NVLink, EFA, storage, /dev/shm, memlock, env, DNS, clock, memory.
 
     Probes: gpu, nvlink, efa, storage, shm, memlock, env, dns, clock, memory.
     """

@@ -71,8 +71,11 @@ def init(
 
 @app.command("validate", epilog="Example: resctl profile validate examples/profiles/eks-p5.toml")
 def validate(path: Annotated[Path, typer.Argument(help="Profile file to check.")]) -> None:
-    """Check a profile file with every rule `resctl run` applies (no environment or flags), and that its
-    grace periods nest; exit 2 with every problem."""
+    """Check a profile file as `resctl run` would.
+
+    Every rule `resctl run` applies (no environment or flags), and that its grace periods nest;
+    exit 2 with every problem.
+    """
     from resctl.errors import ProfileError
     from resctl.launch.execute import nvrx_version
     from resctl.profile import grace
