@@ -38,7 +38,8 @@ def run(ctx: Context) -> list[Check]:
         checks.append(Check("async-errors", Status.WARN, "TORCH_NCCL_ASYNC_ERROR_HANDLING=0: collective timeouts "
                             "never raise", aeh, "1 or unset", "", "unset it (ft_launcher sets 1)"))
     else:
-        checks.append(Check("async-errors", Status.PASS, f"TORCH_NCCL_ASYNC_ERROR_HANDLING={aeh or 'unset (1)'}",
+        checks.append(Check("async-errors", Status.PASS, f"TORCH_NCCL_ASYNC_ERROR_HANDLING={aeh}" if aeh else
+                            "TORCH_NCCL_ASYNC_ERROR_HANDLING unset (ft_launcher sets 1)",
                             aeh, "1 or unset"))
     forced = [f"{k}={env[k]}" for k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE")
               if env.get(k) == "1"]

@@ -131,6 +131,9 @@ class Calibration:
     mem_commit: float | None = None  # mean staged-to-committed time in the background
     mem_bytes: float | None = None
     memory_every: int | None = None  # from plan.json, else the most common gap between snapshots
+    #: where async_ comes from: "plan.json" (checkpoint.async), "torch.save" (the script's own saves,
+    #: which block whatever plan.json says), "" (unknown)
+    async_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -668,8 +671,9 @@ class Analyzer:
             interval = None  # the script saves when it wants: checkpoint.interval_steps does not apply
         if interval is None:
             interval = saves.interval()
+        async_source = "plan.json" if async_ is not None else ""
         if saves is self.plain and saves.count[1]:
-            async_ = False  # the script's own torch.save: every save blocks for its write
+            async_, async_source = False, "torch.save"  # the script's own torch.save: every save blocks for its write
         totals = [r.total for r in recoveries if r.total is not None]
         c0, cw, n_idle, n_busy = self._interference() if self.calibrate else (None, None, 0, 0)
         stall, waited, write, size = saves.means()
@@ -680,7 +684,7 @@ class Analyzer:
             step_time_p50=(percentile(self.samples, 50) or 0.0) if self.calibrate else mean_step,
             step_samples=self.samples_n,
             stall=stall, waited=waited, write=write, write_bytes=size,
-            saves=int(saves.count[1]), interval_steps=interval, async_=async_,
+            saves=int(saves.count[1]), interval_steps=interval, async_=async_, async_source=async_source,
             restart=sum(totals) / len(totals) if totals else None,
             unplanned_faults=sum(1 for r in recoveries if not r.injected),
             wall_s=wall, step_time_idle=c0, step_time_writing=cw,
