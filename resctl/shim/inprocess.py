@@ -249,10 +249,15 @@ FAULT_KEY = "resctl/fault/{cycle}/{iteration}"  # in the app store: what failed 
 
 def tell_rank0(app: Any, cycle: int, iteration: int, err: BaseException) -> None:
     """Leave this rank's failure where rank 0 reads it for the restart's console line. It is set
-    before the exception reaches the wrapper, so before the restart it causes begins."""
+    before the exception reaches the wrapper, so before the restart it causes begins. The first
+    failure wins; a peer's error ("Connection closed by peer" once the failed rank aborted) is kept
+    apart, so it names the fault only when no rank had one of its own."""
+    from resctl.telemetry.goodput import PEER_ERROR
+
+    text = f"{type(err).__name__}: {err}"
+    key = FAULT_KEY.format(cycle=cycle, iteration=iteration) + ("/peer" if PEER_ERROR.search(text) else "")
     try:
-        app.set(FAULT_KEY.format(cycle=cycle, iteration=iteration),
-                f"rank {os.environ.get('RANK', '?')} failed ({type(err).__name__}: {str(err)[:200]})")
+        app.compare_set(key, "", f"rank {os.environ.get('RANK', '?')} failed ({text[:200]})")
     except Exception:  # noqa: BLE001 - a console line is never worth hiding the fault itself
         pass
 
@@ -261,10 +266,14 @@ def restart_line(app: Any, shim: RestartHost, iteration: int) -> str:
     """`resctl: rank 1 failed (RuntimeError: ...); restarted in-process (restart 1 of 3) ...`: the
     console line of one in-process restart, printed by rank 0 of the new iteration."""
     key = FAULT_KEY.format(cycle=shim.cycle, iteration=iteration - 1)
-    try:
-        cause = app.get(key).decode() if app.check([key]) else ""
-    except Exception:  # noqa: BLE001
-        cause = ""
+    cause = ""
+    for name in (key, key + "/peer"):
+        try:
+            if app.check([name]):
+                cause = app.get(name).decode()
+                break
+        except Exception:  # noqa: BLE001
+            break
     cause = cause or "no rank raised (a hang, or a rank lost)"
     limit = shim.profile.inprocess.max_iterations
     count = f"in-process restart {iteration}" + (f" of {limit}" if limit is not None else "")

@@ -73,7 +73,13 @@ def test_an_inprocess_restart_is_one_line_naming_the_failed_rank(monkeypatch: py
     shim = SimpleNamespace(profile=profile, cycle=0, step=7)
     monkeypatch.setitem(os.environ, "RANK", "1")
     inprocess.tell_rank0(store, 0, 0, RuntimeError("boom"))
+    monkeypatch.setitem(os.environ, "RANK", "0")  # then the peer whose collective the abort broke
+    inprocess.tell_rank0(store, 0, 0, RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:20115"))
+    inprocess.tell_rank0(store, 0, 0, ValueError("a second error of its own, later"))
     assert inprocess.restart_line(store, shim, 1) == (
         "resctl: rank 1 failed (RuntimeError: boom); ranks re-run the script in place (in-process restart 1 of 3)")
-    # nobody raised in iteration 1 (a hang caught by the watchdog): still one line, saying so
-    assert "no rank raised" in inprocess.restart_line(store, shim, 2)
+    # only a peer's error in iteration 1: it is named, as nothing else was
+    inprocess.tell_rank0(store, 0, 1, RuntimeError("Connection closed by peer"))
+    assert inprocess.restart_line(store, shim, 2).startswith("resctl: rank 0 failed (RuntimeError: Connection closed")
+    # nobody raised in iteration 2 (a hang caught by the watchdog): still one line, saying so
+    assert "no rank raised" in inprocess.restart_line(store, shim, 3)
