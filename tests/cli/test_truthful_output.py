@@ -81,3 +81,14 @@ def test_tune_interval_says_where_the_mode_came_from() -> None:
     assert engine.mode == "async" and engine.sources["mode"] == "run (plan.json: checkpoint.async)"
     own = assemble(Inputs(mtbf_per_node=3600.0), replace(run, async_=False, async_source="torch.save"))
     assert own.mode == "sync" and "the script's own torch.save blocks" in own.sources["mode"]
+
+
+def test_no_wheel_or_large_binary_is_committed() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = [f for f in listed.stdout.split("\0") if f]
+    assert not [f for f in files if f.endswith(".whl")], "wheels stay out of git (.gitignore: /.whl/, /.whl07/)"
+    big = [f for f in files if (repo / f).is_file() and (repo / f).stat().st_size > 512 * 1024]
+    assert not big, big
