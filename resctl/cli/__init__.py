@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import typer
 import typer.core
@@ -56,14 +57,14 @@ app.command("report", epilog=report_cmd.EPILOG)(report_cmd.report)
 METAVARS = {"set_": "KEY=VALUE", "profile": "FILE"}
 
 
-def command() -> typer.core.TyperGroup:
+def command() -> Any:
     """The click command of `app`, its help showing what a value is (`--nnodes NNODES`,
     `--set KEY=VALUE`), as torchrun's does, instead of Python types (`<list[str]>`)."""
     import typer.main
 
     root = typer.main.get_command(app)
 
-    def walk(cmd: typer.core.TyperCommand | typer.core.TyperGroup) -> None:
+    def walk(cmd: Any) -> None:
         for param in cmd.params:
             if isinstance(param, typer.core.TyperArgument):
                 param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]  # SCRIPT, not SCRIPT <str>
@@ -75,7 +76,7 @@ def command() -> typer.core.TyperGroup:
             walk(sub)
 
     walk(root)
-    return root  # type: ignore[return-value]
+    return root
 
 
 INTERNAL = "internal error (a bug in resctl):"

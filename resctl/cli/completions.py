@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import typer.main
 
 
 def _hidden() -> frozenset[str]:

@@ -140,7 +140,7 @@ def plan(
 ) -> LaunchPlan:
     """Translate a resolved profile into the ft_launcher command for `target`."""
     p, src = resolved.profile, resolved.source
-    launch, hb, inproc = p.launch, p.heartbeat, p.inprocess
+    launch, hb = p.launch, p.heartbeat
     series = nvrx_flags.series_for(nvrx_version)
     traits = nvrx_flags.SERIES[series]
     settings: list[tuple[str, str, str]] = []
