@@ -76,7 +76,24 @@ def command() -> Any:
             walk(sub)
 
     walk(root)
+    _defaults_in_help(root.commands["run"])
     return root
+
+
+def _defaults_in_help(run: Any) -> None:
+    """`resctl run --help` states each profile flag's key and default, read from the schema when
+    the page is shown: other commands (and `resctl --help`) do not import the schema."""
+    from resctl.cli.torchrun_flags import BY_DEST, help_text
+
+    format_help = run.format_help
+
+    def with_defaults(ctx: Any, formatter: Any) -> None:
+        for param in run.params:
+            if param.name in BY_DEST:
+                param.help = help_text(BY_DEST[param.name])
+        format_help(ctx, formatter)
+
+    run.format_help = with_defaults
 
 
 INTERNAL = "internal error (a bug in resctl):"

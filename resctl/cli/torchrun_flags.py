@@ -165,7 +165,8 @@ TORCHRUN_DESTS = tuple(flag.dest for flag in FLAGS if flag.to != "resctl")
 
 
 def help_text(flag: Flag) -> str:
-    """The flag's help; a profile flag's default and key come from the schema (one source)."""
+    """The flag's help; a profile flag's default and key come from the schema (one source). Read
+    when `resctl run --help` is shown (`resctl.cli.command`), so other commands never load the schema."""
     if flag.to not in ("profile", "resctl") or flag.type is bool:
         return flag.help
     from resctl.profile.render import default_text
@@ -179,10 +180,10 @@ def options() -> list[inspect.Parameter]:
     params = []
     for flag in FLAGS:
         if flag.type is bool:
-            hint: Any = Annotated[bool, typer.Option(*flag.names, help=help_text(flag))]
+            hint: Any = Annotated[bool, typer.Option(*flag.names, help=flag.help)]
             default: Any = False
         else:
-            hint = Annotated[Optional[flag.type], typer.Option(*flag.names, help=help_text(flag))]  # type: ignore[name-defined]
+            hint = Annotated[Optional[flag.type], typer.Option(*flag.names, help=flag.help)]  # type: ignore[name-defined]
             default = None
         params.append(inspect.Parameter(flag.dest, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
     return params

@@ -92,3 +92,11 @@ def test_no_wheel_or_large_binary_is_committed() -> None:
     assert not [f for f in files if f.endswith(".whl")], "wheels stay out of git (.gitignore: /.whl/, /.whl07/)"
     big = [f for f in files if (repo / f).is_file() and (repo / f).stat().st_size > 512 * 1024]
     assert not big, big
+
+
+def test_only_run_help_loads_the_schema_for_its_defaults(tmp_path: Path) -> None:
+    """`resctl run --help` reads each flag's default from the schema; `resctl --help` stays light."""
+    code = ("import runpy, sys; sys.argv = ['resctl', '--help']\ntry:\n runpy.run_module('resctl', run_name='__main__')\n"
+            "except SystemExit: pass\nprint('SCHEMA' if 'resctl.profile.schema' in sys.modules else 'LIGHT', file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.stderr.strip().endswith("LIGHT"), out.stderr[-500:]
