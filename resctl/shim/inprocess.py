@@ -263,7 +263,7 @@ def tell_rank0(app: Any, cycle: int, iteration: int, err: BaseException) -> None
 
 
 def restart_line(app: Any, shim: RestartHost, iteration: int) -> str:
-    """`resctl: rank 1 failed (RuntimeError: ...); restarted in-process (restart 1 of 3) ...`: the
+    """`resctl: rank 1 failed (RuntimeError: ...); ranks re-run the script in place (in-process restart 1 of 3)`: the
     console line of one in-process restart, printed by rank 0 of the new iteration."""
     key = FAULT_KEY.format(cycle=shim.cycle, iteration=iteration - 1)
     cause = ""

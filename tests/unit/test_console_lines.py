@@ -83,3 +83,16 @@ def test_an_inprocess_restart_is_one_line_naming_the_failed_rank(monkeypatch: py
     assert inprocess.restart_line(store, shim, 2).startswith("resctl: rank 0 failed (RuntimeError: Connection closed")
     # nobody raised in iteration 2 (a hang caught by the watchdog): still one line, saying so
     assert "no rank raised" in inprocess.restart_line(store, shim, 3)
+
+
+def test_max_iterations_counts_restarts_as_the_schema_says(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """NVRx's RetryController refuses iteration >= max_iterations, the first run being iteration 0;
+    `inprocess.max_iterations` is "In-process restarts before handing over to the launcher"."""
+    from resctl.shim import inprocess
+
+    monkeypatch.setitem(os.environ, "MASTER_ADDR", "127.0.0.1")
+    profile = resolve(None, env={}, sets=["inprocess.enabled=true", "inprocess.max_iterations=3"], cwd=tmp_path).profile
+    wrapper = inprocess.build_wrapper(SimpleNamespace(profile=profile, run_dir=None, cycle=0, world_size=1), 12345)
+    controller = wrapper.initialize
+    allowed = [i for i in range(10) if i < controller.max_iterations]
+    assert len(allowed) - 1 == 3, "three restarts after the first run"
