@@ -62,7 +62,7 @@ def command() -> Any:
     `--set KEY=VALUE`), as torchrun's does, instead of Python types (`<list[str]>`)."""
     import typer.main
 
-    root = typer.main.get_command(app)
+    root: Any = typer.main.get_command(app)  # a TyperGroup: it has .commands
 
     def walk(cmd: Any) -> None:
         for param in cmd.params:

@@ -185,7 +185,8 @@ def recovery_rows(a: RunAnalysis) -> list[list[str]]:
     return [[str(i + 1), f"{r.t_fault:.1f}", r.layer, r.cause + ("*" if r.injected else ""),
              "-" if r.rank is None else str(r.rank), _fmt(r.detection), _fmt(r.restart), _fmt(r.load),
              _fmt(r.first_step), _fmt(r.total) if r.total is not None else "none",
-             f"{r.last_step}->{r.resumed_step} ({r.rollback_steps} steps)", state_source(a, r)]
+             f"{r.last_step}->{r.resumed_step} ({r.rollback_steps} step{'' if r.rollback_steps == 1 else 's'})",
+             state_source(a, r)]
             for i, r in enumerate(a.recoveries)]
 
 

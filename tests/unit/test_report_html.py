@@ -94,7 +94,8 @@ def test_the_page_answers_what_an_operator_asks(tmp_path: Path) -> None:
     recoveries = t["recoveries"][1:]
     assert [(r[2], r[3], r[4], r[10], r[11]) for r in recoveries] == [
         (rec["layer"], rec["cause"] + "*", str(rec["rank"]),
-         f"{rec['last_step']}->{rec['resumed_step']} ({rec['rollback_steps']} steps)", "source=torch.load")
+         f"{rec['last_step']}->{rec['resumed_step']} ({rec['rollback_steps']} step{'' if rec['rollback_steps'] == 1 else 's'})",
+         "source=torch.load")
         for rec in doc["recoveries"]]  # cause and layer of each restart, drills marked, rollback, where from
     assert sorted(tuple(r) for r in t["causes"][1:]) == sorted((c, str(n)) for c, n in doc["causes"].items())
     restarts = [r for r in t["timeline"][1:] if r[4] == "restart"]
