@@ -245,6 +245,7 @@ def announce_world(shim: RestartHost) -> None:
 
 
 FAULT_KEY = "resctl/fault/{cycle}/{iteration}"  # in the app store: what failed in that iteration
+FAULT_KEY_TIMEOUT = 2.0  # seconds a store call for the console line may take
 
 
 def tell_rank0(app: Any, cycle: int, iteration: int, err: BaseException) -> None:
@@ -257,7 +258,10 @@ def tell_rank0(app: Any, cycle: int, iteration: int, err: BaseException) -> None
     text = f"{type(err).__name__}: {err}"
     key = FAULT_KEY.format(cycle=cycle, iteration=iteration) + ("/peer" if PEER_ERROR.search(text) else "")
     try:
-        app.compare_set(key, "", f"rank {os.environ.get('RANK', '?')} failed ({text[:200]})")
+        # its own connection with a short timeout: the fault path never waits long on the store
+        store = app.clone()
+        store.set_timeout(datetime.timedelta(seconds=FAULT_KEY_TIMEOUT))
+        store.compare_set(key, "", f"rank {os.environ.get('RANK', '?')} failed ({text[:200]})")
     except Exception:  # noqa: BLE001 - a console line is never worth hiding the fault itself
         pass
 
