@@ -429,6 +429,7 @@ class Track:
         return None
 
     def _resumed(self, loader: DataLoader, original: Callable[[DataLoader], Any], rec: dict[str, Any], plan: Plan) -> Any:
+        self.iter_ref = None  # watch() must not see the previous pass's iterator while this one is made
         real = _ORIGINAL_INDEX_SAMPLER.fget(loader)  # type: ignore[union-attr]
         resumed = _Resumed(real, lambda: self._remaining(loader, real, rec, plan), self)
         self.start = dict(self._record_start(loader), epoch=rec.get("epoch"), start=rec["start"])
@@ -649,6 +650,23 @@ def install() -> Patches:
 def uninstall() -> None:
     _PATCHES.undo()
     REGISTRY.auto = False
+    REGISTRY.events = None
+    intercept = sys.modules.get("resctl.checkpoint.intercept")
+    if intercept is not None:
+        intercept.EXTRAS.pop(DATA_POSITION, None)
+
+
+def install_auto(events: Any = None, snapshots: bool = False) -> Callable[[], None]:
+    """Zero-edit mode (the shim, `checkpoint.data_position = true`): every loader the script iterates is
+    tracked and saved with every `resctl.checkpoint` save and, with `snapshots`, beside every intercepted
+    torch.save snapshot; returns the undo."""
+    install()
+    REGISTRY.auto, REGISTRY.events = True, events
+    if snapshots:
+        from resctl.checkpoint import intercept
+
+        intercept.EXTRAS[DATA_POSITION] = (lambda: REGISTRY.auto_state(set()), REGISTRY.load_auto)
+    return uninstall
 
 
 # --- checkpoint entries ----------------------------------------------------------------------

@@ -11,6 +11,11 @@
   the sidecar (if there is one) and raises `CheckpointError` on a size or checksum mismatch.
 - Every other call (other paths, file objects, BytesIO) goes straight to torch.
 
+`EXTRAS` adds state of resctl's own beside every snapshot (the data position, with
+`checkpoint.data_position`): each `produce()` runs when torch.save is called, the values go to
+`<path>.resctl-extra.pt`, written, checksummed in the same sidecar manifest and renamed into place
+with the file; a verified torch.load of the path hands each value to its `consume`.
+
 Temp files of writes that a kill interrupted (`.<name>.resctl-tmp-*`) are removed from the glob's
 directory at `install` and from any directory before the first write into it.
 
@@ -40,6 +45,9 @@ from resctl.checkpoint.engine import Checkpointer
 from resctl.checkpoint.errors import CheckpointError
 
 SIDECAR_SUFFIX = ".resctl.json"
+EXTRA_SUFFIX = ".resctl-extra.pt"
+#: name -> (produce() -> a weights_only-safe value, consume(value)): saved beside every snapshot.
+EXTRAS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
 TMP_MARK = ".resctl-tmp-"
 _cleaned_dirs: set[str] = set()
 # Temp files older than this process are leftovers of a killed one; newer ones may be another live
@@ -77,6 +85,9 @@ def install(glob: str, checkpointer: Checkpointer | None = None) -> None:
             if checkpointer.pending_path() == path:
                 checkpointer.wait()
             verify(path)
+            obj = orig_load(f, *args, **kwargs)
+            _consume_extras(path, orig_load)
+            return obj
         return orig_load(f, *args, **kwargs)
 
     save.__doc__ = orig_save.__doc__
@@ -143,6 +154,29 @@ def verify(path: Path) -> None:
         )
 
 
+def extra_path(path: Path) -> Path:
+    return path.with_name(path.name + EXTRA_SUFFIX)
+
+
+def _consume_extras(path: Path, orig_load: Callable[..., Any]) -> None:
+    """Hand the values saved beside `path` to `EXTRAS` (only when the sidecar manifest vouches for them)."""
+    extra = extra_path(path)
+    if not EXTRAS or not extra.exists():
+        return
+    try:
+        entry = fmt.read_manifest(sidecar(path), path.name).files.get(extra.name)
+    except fmt.CorruptCheckpoint:
+        return
+    if entry is None:  # left by an older write of the path, which this manifest does not vouch for
+        return
+    if fmt.file_crc(extra) != (entry.bytes, entry.crc32):
+        raise CheckpointError(f"{extra} does not match its manifest {sidecar(path).name}; delete both files")
+    values = orig_load(extra, weights_only=True)
+    for name, (_, consume) in EXTRAS.items():
+        if name in values:
+            consume(values[name])
+
+
 def _matching_path(f: Any, glob: str) -> Path | None:
     if not isinstance(f, (str, os.PathLike)):
         return None
@@ -205,6 +239,12 @@ def _save_path(
     staged_at = time.monotonic()
     step = _guess_step(obj)
     fail = ckpt.take_injected_failure()
+    extras = {name: produce() for name, (produce, _) in EXTRAS.items()}
+    extra_bytes = b""
+    if extras:
+        buf = io.BytesIO()
+        orig_save(extras, buf)
+        extra_bytes = buf.getvalue()
 
     def job() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -212,6 +252,7 @@ def _save_path(
         tag = secrets.token_hex(4)
         tmp = path.with_name(f".{path.name}{TMP_MARK}{tag}")
         tmp_manifest = path.with_name(f".{path.name}{TMP_MARK}{tag}.json")
+        tmp_extra = path.with_name(f".{path.name}{TMP_MARK}{tag}.extra")
         try:
             if isinstance(snap, bytes):
                 size, crc = fmt.write_file(tmp, [memoryview(snap)], ckpt.tick)
@@ -223,8 +264,10 @@ def _save_path(
                 size, crc = fmt.file_crc(tmp)  # just written: read back from the page cache
             if fail is not None:
                 raise RuntimeError(fail)
-            manifest = fmt.Manifest("file", step, {path.name: fmt.FileEntry(size, crc)}, created=time.time(),
-                                    run_id=ckpt.run_id)
+            files = {path.name: fmt.FileEntry(size, crc)}
+            if extra_bytes:
+                files[extra_path(path).name] = fmt.FileEntry(*fmt.write_file(tmp_extra, [memoryview(extra_bytes)], None))
+            manifest = fmt.Manifest("file", step, files, created=time.time(), run_id=ckpt.run_id)
             fmt.write_manifest(tmp_manifest, manifest)
             # An old sidecar must not vouch for the new file, even for an instant.
             try:
@@ -232,10 +275,12 @@ def _save_path(
             except FileNotFoundError:
                 pass
             os.rename(tmp, path)
+            if extra_bytes:
+                os.rename(tmp_extra, extra_path(path))
             os.rename(tmp_manifest, sidecar(path))
             fmt.fsync_dir(path.parent)
         except BaseException:
-            for leftover in (tmp, tmp_manifest):
+            for leftover in (tmp, tmp_manifest, tmp_extra):
                 try:
                     os.unlink(leftover)
                 except FileNotFoundError:
