@@ -458,7 +458,7 @@ class Track:
         self.stepped = bool(rec.get("stepped"))
         self.watching = plan.skip > 0 and self.stepped
         REGISTRY.say("resumed", self.key, f"data loader {self.key!r}: epoch {rec.get('epoch')} resumed after "
-                     f"{rec['consumed']} of {rec.get('length')} batches", quiet=True)
+                     f"{rec['consumed']} of {rec.get('length')} batches (skipped samples not loaded)", quiet=True)
         return it
 
     def _remaining(self, loader: DataLoader, real: Any, rec: Mapping[str, Any], plan: Plan) -> Iterator[Any]:
@@ -552,7 +552,7 @@ class Registry:
         if (action, key) in self.said:
             return
         self.said.add((action, key))
-        if not quiet:
+        if not quiet or (action == "resumed" and _world()[0] == 0):  # one line per job for a resume
             print(f"resctl: data position: {message}", file=sys.stderr, flush=True)
         events = self.events
         if events is not None:
