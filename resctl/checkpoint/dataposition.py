@@ -250,7 +250,6 @@ class _Stream:
         self.track = track
         self.sent = 0  # batches handed to the loader's iterator (yielded or in flight)
         self.exhausted = False
-        self.switch: Callable[[int], Iterator[Any]] | None = None  # the pass from a position
 
     def prime(self) -> None:
         if self._it is None:
@@ -271,9 +270,8 @@ class _Stream:
         self.sent += 1
         return item
 
-    def restart_at(self, position: int) -> None:
-        assert self.switch is not None
-        self._it = self.switch(position)
+    def restart_at(self, position: int, make: Callable[[int], Iterator[Any]]) -> None:
+        self._it = make(position)
 
 
 class _Steps:
@@ -508,18 +506,27 @@ class Track:
             return
         self.watching = False
         name = f"data loader {self.key!r}"
-        if self.from_position is None or stream.sent > self.offset:
-            self.note("self-skip", f"{name}: the script skips the replayed batches itself, noticed after "
-                      f"{stream.sent} batches had been fetched ({self.offset} were fast-forwarded): the data it "
-                      "trains on may be shifted; turn checkpoint.data_position off for this script, or drop its "
-                      "own skipping")
+        if self.from_position is None:
+            self.note("self-skip", f"{name}: the script skips the replayed batches itself, and this loader's "
+                      "custom batch sampler cannot be rewound: the data it trains on are shifted; turn "
+                      "checkpoint.data_position off for this script, or drop its own skipping")
             return
-        stream.switch = self.from_position
-        stream.restart_at(stream.sent)
+        k, sent, from_position = self.offset, stream.sent, self.from_position
+        # The script drops the first k batches it receives and trains the rest. Received so far (or in
+        # flight to workers): positions k..k+sent-1. Serve positions `sent`.. next, so that the one it
+        # trains first is position k, as in the uninterrupted run.
+        if sent <= k:
+            stream.restart_at(sent, from_position)
+            exact = "so that none is skipped twice"
+        else:  # the workers were sent more than k already: positions 2k..k+sent-1 are trained first
+            stream.restart_at(0, lambda _: itertools.chain(itertools.islice(from_position(k), k),
+                                                           from_position(k + sent)))
+            exact = (f"so that none is skipped twice; {sent} batches were already in flight, so this epoch's "
+                     "remaining batches are trained in another order (each once)")
         self.offset = 0  # the pass is now the uninterrupted one, from its first batch
         self.stream_len = _length(self.loader_ref())
         self.note("self-skip", f"{name}: the script skips the batches it already trained itself; resctl "
-                  "stopped fast-forwarding this pass so that none is skipped twice")
+                  f"stopped fast-forwarding this pass {exact}")
 
     def note(self, action: str, message: str, quiet: bool = False) -> None:
         REGISTRY.say(action, self.key, message, quiet)

@@ -13,8 +13,9 @@
 
 `EXTRAS` adds state of resctl's own beside every snapshot (the data position, with
 `checkpoint.data_position`): each `produce()` runs when torch.save is called, the values go to
-`<path>.resctl-extra.pt`, written, checksummed in the same sidecar manifest and renamed into place
-with the file; a verified torch.load of the path hands each value to its `consume`.
+`<path>.resctl-extra-<CRC32 of the file>.pt` (with its own sidecar), renamed into place before the
+file, so it belongs to exactly one version of it; a verified torch.load of the path hands each value
+to its `consume`. Extras of older versions are removed after the rename.
 
 Temp files of writes that a kill interrupted (`.<name>.resctl-tmp-*`) are removed from the glob's
 directory at `install` and from any directory before the first write into it.
@@ -45,7 +46,7 @@ from resctl.checkpoint.engine import Checkpointer
 from resctl.checkpoint.errors import CheckpointError
 
 SIDECAR_SUFFIX = ".resctl.json"
-EXTRA_SUFFIX = ".resctl-extra.pt"
+EXTRA_MARK = ".resctl-extra-"
 #: name -> (produce() -> a weights_only-safe value, consume(value)): saved beside every snapshot.
 EXTRAS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
 TMP_MARK = ".resctl-tmp-"
@@ -154,27 +155,57 @@ def verify(path: Path) -> None:
         )
 
 
-def extra_path(path: Path) -> Path:
-    return path.with_name(path.name + EXTRA_SUFFIX)
+def extra_path(path: Path, crc: int) -> Path:
+    """Where the extras of the version of `path` with checksum `crc` are kept."""
+    return path.with_name(f"{path.name}{EXTRA_MARK}{crc:08x}.pt")
 
 
 def _consume_extras(path: Path, orig_load: Callable[..., Any]) -> None:
-    """Hand the values saved beside `path` to `EXTRAS` (only when the sidecar manifest vouches for them)."""
-    extra = extra_path(path)
-    if not EXTRAS or not extra.exists():
+    """Hand the values saved beside this version of `path` (verified) to `EXTRAS`."""
+    if not EXTRAS:
         return
     try:
-        entry = fmt.read_manifest(sidecar(path), path.name).files.get(extra.name)
+        entry = fmt.read_manifest(sidecar(path), path.name).files.get(path.name)
     except fmt.CorruptCheckpoint:
         return
-    if entry is None:  # left by an older write of the path, which this manifest does not vouch for
+    if entry is None or entry.crc32 is None or not extra_path(path, entry.crc32).exists():
         return
-    if fmt.file_crc(extra) != (entry.bytes, entry.crc32):
-        raise CheckpointError(f"{extra} does not match its manifest {sidecar(path).name}; delete both files")
+    extra = extra_path(path, entry.crc32)
+    verify(extra)
     values = orig_load(extra, weights_only=True)
     for name, (_, consume) in EXTRAS.items():
         if name in values:
             consume(values[name])
+
+
+def _write_extra(path: Path, crc: int, data: bytes, tag: str) -> None:
+    """The extras of the version of `path` with checksum `crc`, complete before that version appears."""
+    extra = extra_path(path, crc)
+    tmp = path.with_name(f".{extra.name}{TMP_MARK}{tag}")
+    tmp_manifest = path.with_name(f".{extra.name}{TMP_MARK}{tag}.json")
+    try:
+        size, ecrc = fmt.write_file(tmp, [memoryview(data)], None)
+        fmt.write_manifest(tmp_manifest, fmt.Manifest("file", None, {extra.name: fmt.FileEntry(size, ecrc)},
+                                                      created=time.time()))
+        os.rename(tmp, extra)
+        os.rename(tmp_manifest, sidecar(extra))
+    finally:
+        for leftover in (tmp, tmp_manifest):
+            if leftover.exists():
+                os.unlink(leftover)
+
+
+def _remove_old_extras(path: Path, keep: int | None) -> None:
+    for old in path.parent.glob(f"{glob_escape(path.name)}{EXTRA_MARK}*"):
+        if keep is None or not old.name.startswith(extra_path(path, keep).name):
+            try:
+                os.unlink(old)
+            except FileNotFoundError:
+                pass
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _matching_path(f: Any, glob: str) -> Path | None:
@@ -252,7 +283,6 @@ def _save_path(
         tag = secrets.token_hex(4)
         tmp = path.with_name(f".{path.name}{TMP_MARK}{tag}")
         tmp_manifest = path.with_name(f".{path.name}{TMP_MARK}{tag}.json")
-        tmp_extra = path.with_name(f".{path.name}{TMP_MARK}{tag}.extra")
         try:
             if isinstance(snap, bytes):
                 size, crc = fmt.write_file(tmp, [memoryview(snap)], ckpt.tick)
@@ -264,10 +294,10 @@ def _save_path(
                 size, crc = fmt.file_crc(tmp)  # just written: read back from the page cache
             if fail is not None:
                 raise RuntimeError(fail)
-            files = {path.name: fmt.FileEntry(size, crc)}
             if extra_bytes:
-                files[extra_path(path).name] = fmt.FileEntry(*fmt.write_file(tmp_extra, [memoryview(extra_bytes)], None))
-            manifest = fmt.Manifest("file", step, files, created=time.time(), run_id=ckpt.run_id)
+                _write_extra(path, crc, extra_bytes, tag)
+            manifest = fmt.Manifest("file", step, {path.name: fmt.FileEntry(size, crc)}, created=time.time(),
+                                    run_id=ckpt.run_id)
             fmt.write_manifest(tmp_manifest, manifest)
             # An old sidecar must not vouch for the new file, even for an instant.
             try:
@@ -275,12 +305,12 @@ def _save_path(
             except FileNotFoundError:
                 pass
             os.rename(tmp, path)
-            if extra_bytes:
-                os.rename(tmp_extra, extra_path(path))
             os.rename(tmp_manifest, sidecar(path))
             fmt.fsync_dir(path.parent)
+            if extra_bytes or EXTRAS:
+                _remove_old_extras(path, crc if extra_bytes else None)
         except BaseException:
-            for leftover in (tmp, tmp_manifest, tmp_extra):
+            for leftover in (tmp, tmp_manifest):
                 try:
                     os.unlink(leftover)
                 except FileNotFoundError:
