@@ -684,6 +684,10 @@ class LoaderEntry:
 
     def __init__(self, key: str, obj: Any) -> None:
         install()
+        if REGISTRY.events is None:  # the notes go to the run's events too (the shim's checkpointer has them)
+            import resctl.checkpoint as api
+
+            REGISTRY.events = api.get().events
         self.key = key
         self._ref = weakref.ref(obj)
         if isinstance(obj, DataLoader):

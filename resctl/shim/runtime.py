@@ -194,10 +194,9 @@ class Shim:
     def settle_checkpoint(self) -> None:
         """After an in-process fault: let the previous iteration's write finish; a failed one was
         never published, so it is only reported (the script's `load` takes the newest valid one)."""
-        if self.profile.checkpoint.data_position:  # the script's next run has its own loaders
-            from resctl.checkpoint.dataposition import REGISTRY
-
-            REGISTRY.reset()
+        data = sys.modules.get("resctl.checkpoint.dataposition")
+        if data is not None:  # the script's next run has its own loaders
+            data.REGISTRY.reset()
         if self.checkpointer is None:
             return
         try:
