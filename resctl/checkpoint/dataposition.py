@@ -48,6 +48,7 @@ from torch.utils.data import (
     DistributedSampler,
     IterableDataset,
     RandomSampler,
+    Sampler,
 )
 
 from resctl.checkpoint.errors import CheckpointMismatch
@@ -733,11 +734,25 @@ class AutoEntry:
         REGISTRY.load_auto(saved)
 
 
+_PLAIN, _DATA, _OWN = 0, 1, 2
+_KINDS: dict[type, int] = {}  # a state value's type -> what it is to this module (asked every maybe_save)
+
+
+def _kind(value: Any) -> int:
+    cls = type(value)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        if not isinstance(value, (DataLoader, Sampler)):
+            kind = _PLAIN
+        else:
+            kind = _OWN if is_stateful(value) else _DATA
+        _KINDS[cls] = kind
+    return kind
+
+
 def is_data(value: Any) -> bool:
     """A state value this module saves: a DataLoader or a sampler without its own state_dict."""
-    from torch.utils.data import Sampler
-
-    return isinstance(value, (DataLoader, Sampler)) and not is_stateful(value)
+    return _kind(value) == _DATA
 
 
 _ENTRIES: dict[tuple[str, int], LoaderEntry] = {}
@@ -754,22 +769,39 @@ def entry_for(key: str, value: Any) -> LoaderEntry:
 def with_positions(state: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """`state` as the engine should see it: its loaders and samplers as position entries and, in
     zero-edit mode, every other loader of the script under `DATA_POSITION`; `state` itself when
-    there is nothing to add (the common case costs one isinstance per entry)."""
-    data = [name for name, value in state.items() if is_data(value)]
-    if not data and not REGISTRY.auto:
+    there is nothing to add. Asked at every `maybe_save`: the common case is one dict lookup per entry."""
+    kinds = _KINDS
+    for value in state.values():
+        kind = kinds.get(type(value))
+        if kind is None:
+            kind = _kind(value)
+        if kind:
+            return _with_entries(state)
+    if not REGISTRY.auto or DATA_POSITION in state:
         return state
     full = dict(state)
-    for name in data:
-        full[name] = entry_for(str(name), state[name])
+    full[DATA_POSITION] = _AUTO
+    return full
+
+
+def _with_entries(state: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    full = dict(state)
+    skip = set()
+    for name, value in state.items():
+        kind = _kind(value)
+        if kind == _DATA:
+            full[name] = entry_for(str(name), value)
+            skip.add(id(value))
+        elif kind == _OWN and REGISTRY.auto:  # a StatefulDataLoader saves itself; the engine calls its state_dict()
+            skip.add(id(value))
+            REGISTRY.say("left", type(value).__name__, f"{type(value).__name__} in the checkpoint state saves "
+                         "its own position (state_dict()); resctl does not track it a second time", quiet=True)
     if REGISTRY.auto and DATA_POSITION not in state:
-        skip = {id(state[name]) for name in data}
-        for value in state.values():
-            if is_stateful(value) and isinstance(value, DataLoader):  # a StatefulDataLoader saves itself
-                skip.add(id(value))
-                REGISTRY.say("left", type(value).__name__, f"{type(value).__name__} in the checkpoint state saves "
-                             "its own position (state_dict()); resctl does not track it a second time", quiet=True)
         full[DATA_POSITION] = AutoEntry(skip)
     return full
+
+
+_AUTO = AutoEntry(set())
 
 
 def copy_back(full: Mapping[str, Any], state: MutableMapping[str, Any]) -> None:
