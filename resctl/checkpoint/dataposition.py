@@ -57,7 +57,7 @@ from resctl.patching import Patches
 
 FORMAT = 1
 _OVERRIDE = "_resctl_index_sampler"  # a loader's index sampler for the pass being created
-_ITERATORS = (type(iter([])), type(iter(range(0))))  # positionable in O(1) by __setstate__
+_ITERATORS: tuple[type, ...] = (type(iter([])), type(iter(range(0))))  # positionable in O(1) by __setstate__
 
 __all__ = [
     "DATA_POSITION",
@@ -105,8 +105,8 @@ def resplit(order: Sequence[int], consumed: int, num_replicas: int, rank: int, d
 def batched(indices: Iterator[int], batch_size: int, drop_last: bool) -> Iterator[list[int]]:
     """BatchSampler's batching of an index stream."""
     if drop_last:
-        for batch in zip(*[indices] * batch_size):
-            yield [*batch]
+        for full in zip(*[indices] * batch_size):
+            yield [*full]
         return
     batch = [*itertools.islice(indices, batch_size)]
     while batch:
@@ -139,7 +139,7 @@ def random_order(n: int, num_samples: int, generator: torch.Generator) -> list[i
 
 
 def _stock(obj: Any, cls: type) -> bool:
-    return isinstance(obj, cls) and type(obj).__iter__ is cls.__iter__
+    return isinstance(obj, cls) and getattr(type(obj), "__iter__", None) is getattr(cls, "__iter__", None)
 
 
 def describe_sampler(sampler: Any) -> dict[str, Any]:
@@ -429,7 +429,7 @@ class Track:
 
     def _resumed(self, loader: DataLoader, original: Callable[[DataLoader], Any], rec: dict[str, Any], plan: Plan) -> Any:
         self.iter_ref = None  # watch() must not see the previous pass's iterator while this one is made
-        real = _ORIGINAL_INDEX_SAMPLER.fget(loader)  # type: ignore[union-attr]
+        real = _index_sampler_of(loader)
         resumed = _Resumed(real, lambda: self._remaining(loader, real, rec, plan), self)
         self.start = dict(self._record_start(loader), epoch=rec.get("epoch"), start=rec["start"])
         self.start.pop("stepped", None)
@@ -635,7 +635,6 @@ def install() -> Patches:
         return _PATCHES
     _ORIGINAL_INDEX_SAMPLER = DataLoader.__dict__["_index_sampler"]
     original_iter = DataLoader.__iter__
-    original_prop = _ORIGINAL_INDEX_SAMPLER
 
     def __iter__(self: DataLoader) -> Any:
         track = REGISTRY.track_for(self)
@@ -645,7 +644,7 @@ def install() -> Patches:
 
     def index_sampler(self: DataLoader) -> Any:
         override = self.__dict__.get(_OVERRIDE)
-        return override if override is not None else original_prop.fget(self)  # type: ignore[union-attr]
+        return override if override is not None else _index_sampler_of(self)
 
     _PATCHES.set(DataLoader, "__iter__", __iter__)
     _PATCHES.set(DataLoader, "_index_sampler", property(index_sampler))
@@ -653,6 +652,13 @@ def install() -> Patches:
 
     _PATCHES.on_undo(register_optimizer_step_post_hook(_Steps.hook).remove)
     return _PATCHES
+
+
+def _index_sampler_of(loader: DataLoader) -> Any:
+    """The loader's own index sampler (what DataLoader._index_sampler returns unpatched)."""
+    prop = _ORIGINAL_INDEX_SAMPLER
+    assert prop is not None and prop.fget is not None, "dataposition.install() first"
+    return prop.fget(loader)
 
 
 def uninstall() -> None:
