@@ -48,7 +48,7 @@ def position(n: int, batches: int, kind: str) -> dict[str, Any]:
     track = dp.REGISTRY.track(loader, entry.key)
     track.start = track._record_start(loader)
     track.offset, track.stream_len = batches, len(loader)
-    rec = track.position()
+    rec = dp.decode(track.position())
     rec["done"] = False
     return rec
 

@@ -200,6 +200,37 @@ def _world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+# What changes from step to step travels in tensors, so that a pass's saved structure stays equal
+# and the engine checks its weights_only-safety once, not at every memory-tier snapshot.
+_COUNTERS = ("consumed", "done", "per_step", "stepped")
+
+
+def encode(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """A position as it is saved (see `decode`)."""
+    out = dict(rec)
+    if not out.get("started") or "counters" in out:
+        return out
+    sampler = out["sampler"] = dict(out["sampler"])
+    values = [int(out.pop(k, 0) or 0) for k in _COUNTERS] + [int(sampler.pop("global", 0) or 0)]
+    out["counters"] = torch.tensor(values, dtype=torch.int64)
+    out["now"] = {k: _tensor(v) for k, v in (out.get("now") or {}).items()}
+    return out
+
+
+def decode(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved position with its counters and random states as plain values again."""
+    out = dict(rec)
+    counters = out.pop("counters", None)
+    if counters is None:
+        return out
+    *values, global_ = (int(v) for v in counters.tolist())
+    out.update(zip(_COUNTERS, values))
+    out["done"], out["stepped"] = bool(out["done"]), bool(out["stepped"])
+    out["sampler"] = dict(out["sampler"], **{"global": global_})
+    out["now"] = {k: _bytes(v) for k, v in (out.get("now") or {}).items()}
+    return out
+
+
 # --- the resumed pass --------------------------------------------------------------------------
 
 
@@ -309,7 +340,7 @@ class Track:
         """This loader's position now (a waiting one, if no pass began since it was loaded)."""
         loader = self.loader_ref()
         if self.pending is not None:
-            return self.pending
+            return encode(self.pending)
         if self.start is None or loader is None:
             return {"format": FORMAT, "key": self.key, "started": False}
         it = self.iter_ref() if self.iter_ref is not None else None
@@ -330,7 +361,7 @@ class Track:
             sampler["resplit"] = self.resplit
         if record["iterable"] and is_stateful(loader.dataset) and loader.num_workers == 0:
             record["dataset_state"] = loader.dataset.state_dict()  # type: ignore[attr-defined]
-        return record
+        return encode(record)
 
     def _record_start(self, loader: DataLoader) -> dict[str, Any]:
         rank, world = _world()
@@ -610,13 +641,14 @@ class Registry:
         rank, world = _world()
         loaders = [t.position() for loader, t in list(self.tracks.items())
                    if id(loader) not in skip and t.key.startswith("#")]
-        return {"format": FORMAT, "rank": rank, "world_size": world, "loaders": loaders + self.waiting}
+        return {"format": FORMAT, "rank": rank, "world_size": world,
+                "loaders": loaders + [encode(rec) for rec in self.waiting]}
 
     def load_auto(self, saved: Mapping[str, Any]) -> None:
         if not isinstance(saved, Mapping) or saved.get("format") != FORMAT:
             raise DataPositionMismatch(f"the checkpoint's data position has format {saved.get('format')!r}; "
                                        f"this resctl reads {FORMAT}: set checkpoint.data_position = false")
-        self.waiting = [dict(rec) for rec in saved.get("loaders", []) if rec.get("started")]
+        self.waiting = [decode(rec) for rec in saved.get("loaders", []) if rec.get("started")]
         for loader, track in list(self.tracks.items()):  # loaders iterated before the load
             if track.key.startswith("#"):
                 track.pending = None
@@ -716,15 +748,15 @@ class LoaderEntry:
     def state_dict(self) -> dict[str, Any]:
         track = self._track()
         if track is None:  # a sampler no loader has iterated yet
-            return REGISTRY.by_key.get(self.key) or {"format": FORMAT, "key": self.key, "started": False}
+            return encode(REGISTRY.by_key.get(self.key) or {"format": FORMAT, "key": self.key, "started": False})
         return track.position()
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
         track = self._track()
         if track is None:  # the sampler's loader takes it when it first iterates (`Registry.track`)
-            REGISTRY.by_key[self.key] = dict(saved)
+            REGISTRY.by_key[self.key] = decode(saved)
         else:
-            track.pending = dict(saved)
+            track.pending = decode(saved)
 
 
 class AutoEntry:
