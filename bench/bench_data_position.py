@@ -21,6 +21,7 @@ import argparse
 import statistics
 import tempfile
 import time
+import timeit
 from typing import Any, Callable
 
 import torch
@@ -132,30 +133,30 @@ def per_step(blocks: int, steps: int) -> list[str]:
     dp.uninstall()
     m_on, m_off = statistics.median(on), statistics.median(off)
     dp.install_auto()
-    n = 100_000  # the smallest of 7 runs: the pieces' own cost, without the other jobs' noise
-    wrap = min(timed(lambda: [dp.with_positions(state) for _ in range(n)]) for _ in range(7)) / n
-    hook = min(timed(lambda: [dp._Steps.hook() for _ in range(n)]) for _ in range(7)) / n
+    # The best of many short runs: the pieces' own cost, without the other jobs' preemptions.
+    wrap = min(timeit.repeat(lambda: dp.with_positions(state), number=2000, repeat=300)) / 2000
+    hook = min(timeit.repeat(dp._Steps.hook, number=2000, repeat=300)) / 2000
     dp.uninstall()
     return [
         f"| loop step, tracking off | {m_off * 1e6:.2f} us |",
         f"| loop step, tracking on (zero-edit) | {m_on * 1e6:.2f} us |",
         f"| difference (median of {blocks} blocks of {steps} steps) | {(m_on - m_off) * 1e6:+.2f} us |",
-        f"| with_positions(state) per maybe_save (best of 7) | {wrap * 1e6:.2f} us |",
-        f"| optimizer step counter hook (best of 7) | {hook * 1e6:.2f} us |",
+        f"| with_positions(state) per maybe_save (best of 300 x 2000) | {wrap * 1e6:.2f} us |",
+        f"| optimizer step counter hook (best of 300 x 2000) | {hook * 1e6:.2f} us |",
         f"| per step, the two pieces | {(wrap + hook) * 1e6:.2f} us |",
     ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="1000000,100000000")
+    ap.add_argument("--sizes", default="1000000,100000000", help="dataset sizes; empty: per-step only")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--blocks", type=int, default=15)
     ap.add_argument("--steps", type=int, default=2000)
     args = ap.parse_args()
     dp.install()
     print("| sampler | samples | what | samples skipped | time | vs epoch start |\n|---|---|---|---|---|---|")
-    for n in map(int, args.sizes.split(",")):
+    for n in (int(v) for v in args.sizes.split(",") if v):
         for kind in ("distributed", "random"):
             if kind == "random" and n > 10**7:
                 continue  # RandomSampler at 10^8 needs another ~4 GB; its arithmetic is the same list

@@ -625,7 +625,11 @@ class Registry:
         track = self.tracks.get(loader)
         if track is not None:
             return track
-        key = self.samplers.get(loader.sampler) or self.samplers.get(loader.batch_sampler)
+        key = None
+        if self.samplers:  # a sampler placed in the checkpoint state names its loader's track
+            key = self.samplers.get(loader.sampler)
+            if key is None and loader.batch_sampler is not None:
+                key = self.samplers.get(loader.batch_sampler)
         if key is not None:
             return self.track(loader, key)
         if not self.auto:

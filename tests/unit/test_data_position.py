@@ -446,3 +446,28 @@ def test_intercepted_snapshots_carry_the_position(tmp_path: Path) -> None:
         intercept.uninstall()
         intercept.EXTRAS.pop("x", None)
         ckpt.close()
+
+
+def test_a_sampler_in_the_state_saves_its_loader_position(tmp_path: Path) -> None:
+    def loop(stop: int | None, run: str = "run") -> list[list[int]]:
+        api.configure(dir=tmp_path / run, interval_steps=3, async_=False)
+        sampler = DistributedSampler(range(40), num_replicas=1, rank=0, seed=2)  # type: ignore[arg-type]
+        loader = DataLoader(range(40), batch_size=4, sampler=sampler)  # type: ignore[arg-type]
+        unbatched = DataLoader(range(6), batch_size=None)  # type: ignore[arg-type]  # no batch sampler at all
+        state = {"sampler": sampler}
+        step = api.load(state)
+        seen = []
+        assert as_lists([[i] for i in unbatched]) == [[i] for i in range(6)]
+        for batch in loader:
+            step += 1
+            seen.append(batch.tolist())
+            api.maybe_save(state, step)
+            if step == stop:
+                break
+        return seen
+
+    whole = loop(None, "ref")
+    dp.REGISTRY.reset()
+    head = loop(6)
+    dp.REGISTRY.reset()
+    assert head + loop(None) == whole
