@@ -11,6 +11,10 @@ or `--explicit` (the loader placed in the checkpoint state), the loader continue
 checkpoint was taken and the run ends bitwise equal to an uninterrupted one
 (tests/integration/test_data_position.py).
 
+`--snapshot PATH` keeps the script's own torch.save snapshot instead (rank 0, every 5 steps); with
+`checkpoint.intercept_torch_save` matching it and `checkpoint.data_position = true`, the snapshot
+carries the loaders' positions too.
+
 `--skip-itself` makes the script skip the batches of the resumed epoch it already trained itself (the
 other common way to resume); resctl notices and does not skip them a second time.
 
@@ -20,6 +24,7 @@ other common way to resume); resctl notices and does not skip them a second time
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -59,6 +64,8 @@ def main() -> None:
     ap.add_argument("--step-time", type=float, default=0.0)
     ap.add_argument("--explicit", action="store_true", help="put the loader in the checkpoint state")
     ap.add_argument("--skip-itself", action="store_true", help="skip the resumed epoch's trained batches itself")
+    ap.add_argument("--snapshot", default="", help="keep its own torch.save snapshot here every 5 steps "
+                    "(rank 0) and resume from it, instead of resctl.checkpoint")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -76,7 +83,15 @@ def main() -> None:
     if args.explicit:
         state["loader"] = loader
 
-    start = checkpoint.load(state)
+    if args.snapshot:  # a torchrun-style script's own snapshot (zero-edit: checkpoint.intercept_torch_save)
+        start = 0
+        if os.path.exists(args.snapshot):
+            snap = torch.load(args.snapshot, weights_only=True)
+            model.load_state_dict(snap["model"])
+            opt.load_state_dict(snap["optim"])
+            start = snap["step"]
+    else:
+        start = checkpoint.load(state)
     step = start
     steps_per_epoch = len(loader)
     for epoch in range(start // steps_per_epoch, args.epochs):
@@ -91,7 +106,10 @@ def main() -> None:
             step += 1
             if args.step_time:
                 time.sleep(args.step_time)
-            checkpoint.maybe_save(state, step)
+            if not args.snapshot:
+                checkpoint.maybe_save(state, step)
+            elif rank == 0 and step % 5 == 0:
+                torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, args.snapshot)
     checkpoint.wait()
     if rank == 0 and args.out:
         torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, args.out)

@@ -54,6 +54,9 @@ CASES = {
     "inprocess-explicit-state": ((*IN_PROCESS, "heartbeat.timeout=25s"), ("--explicit", "--persistent"),
                                  "exception@27:1", 25),
     "memory-tier": ((DATA, "checkpoint.memory_every=1"), ("--persistent",), "sigkill@27:1", 26),
+    # A torchrun-style script's own torch.save snapshot, intercepted: the position rides beside it.
+    "torch-save-snapshot": ((DATA, "checkpoint.intercept_torch_save=*snap.pt"), ("--snapshot", "snap.pt"),
+                            "sigkill@27:1", 25),
 }
 
 
