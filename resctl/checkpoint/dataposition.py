@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -195,8 +196,6 @@ def _set_generators(loader: DataLoader, states: Mapping[str, bytes | None]) -> N
 def _world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    import os
-
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
