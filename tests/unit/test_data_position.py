@@ -241,6 +241,8 @@ def test_a_sampler_without_a_job_wide_order_refuses_another_world_size(monkeypat
     dp.entry_for("l", again).load_state_dict(position)
     with pytest.raises(dp.DataPositionMismatch, match=r"world size changed \(2 -> 3\).*resume with 2 ranks"):
         iter(again)
+    # A CheckpointMismatch: under the shim it stops the job with exit 2 (runtime.stop_if_incurable).
+    assert issubclass(dp.DataPositionMismatch, api.CheckpointMismatch)
 
 
 def test_another_data_setup_is_refused_with_the_reason() -> None:
