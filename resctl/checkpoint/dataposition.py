@@ -791,11 +791,6 @@ def _kind(value: Any) -> int:
     return kind
 
 
-def is_data(value: Any) -> bool:
-    """A state value this module saves: a DataLoader or a sampler without its own state_dict."""
-    return _kind(value) == _DATA
-
-
 _ENTRIES: dict[tuple[str, int], LoaderEntry] = {}
 
 
