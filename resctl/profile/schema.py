@@ -393,6 +393,12 @@ class Checkpoint(Section):
     intercept_torch_save: str = Field(
         "", description="Glob of paths whose torch.save becomes an async atomic save (zero-edit checkpointing)."
     )
+    data_position: bool = Field(
+        False, description="Save where every DataLoader of the script stands in each checkpoint (epoch, batches "
+        "consumed, sampler and RNG state) and resume mid-epoch on the batch the uninterrupted run would have seen "
+        "next, without loading the skipped samples (zero-edit; a loader in the checkpoint state is saved either "
+        "way). See docs/checkpoint.md, \"Data position\".",
+    )
     save_on_sigterm: bool = Field(True, description="On SIGTERM, write a final checkpoint within the grace period.")
     sigterm_grace: Duration = Field(30.0, gt=0, description="Time the SIGTERM save may take (the ranks agree on its step within half of it).")
 
