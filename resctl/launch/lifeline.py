@@ -25,8 +25,7 @@ def die_with_parent(sig: int, expected_parent: Optional[int] = None) -> bool:
     process whose parent is not (or no longer) that one signals itself at once."""
     parent = os.getppid()
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        if _libc().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             return False
     except (OSError, AttributeError):
         return False
@@ -34,6 +33,14 @@ def die_with_parent(sig: int, expected_parent: Optional[int] = None) -> bool:
     if parent == 1 or (expected_parent is not None and os.getppid() != expected_parent):
         os.kill(os.getpid(), sig)
     return True
+
+
+def _libc() -> ctypes.CDLL:
+    # glibc's name first: `find_library` runs `ldconfig -p` in a subprocess (tens of ms per worker start).
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 def expected(env: Mapping[str, str], name: str) -> Optional[int]:
