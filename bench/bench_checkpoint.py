@@ -42,14 +42,14 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resctl.checkpoint.engine import Checkpointer  # noqa: E402
-from resctl.telemetry.events import EventLog  # noqa: E402
+from resctl.checkpoint.engine import Checkpointer
+from resctl.telemetry.events import EventLog
 
 med = statistics.median
 

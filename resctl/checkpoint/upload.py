@@ -26,7 +26,6 @@ import torch
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint.crc import checksum, combine
 
-
 CHUNK = 32 << 20  # bytes per bounce buffer: 2 per worker, pinned when any destination is on CUDA
 
 
@@ -124,7 +123,7 @@ class _Bounce:
         self._ctx: contextlib.AbstractContextManager[object] = (
             torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext())
 
-    def __enter__(self) -> "_Bounce":
+    def __enter__(self) -> _Bounce:
         self._ctx.__enter__()
         return self
 
