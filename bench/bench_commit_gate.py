@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from resctl.checkpoint import memdir  # noqa: E402
-from resctl.checkpoint.engine import Checkpointer  # noqa: E402
-from resctl.checkpoint.memory import MemoryTier  # noqa: E402
+from resctl.checkpoint import memdir
+from resctl.checkpoint.engine import Checkpointer
+from resctl.checkpoint.memory import MemoryTier
 
 
 def block(ck: Checkpointer, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, start: int) -> float:

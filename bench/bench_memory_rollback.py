@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.integration.jobs import events, finish, start, wait_for  # noqa: E402
-from tests.integration.test_memory_rollback import job, kill_randomly, recoveries  # noqa: E402
+from tests.integration.jobs import events, finish, start, wait_for
+from tests.integration.test_memory_rollback import job, kill_randomly, recoveries
 
 
 def main() -> None:

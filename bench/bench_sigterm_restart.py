@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resctl.checkpoint import format as fmt  # noqa: E402
-from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, wait_for, worker_pid  # noqa: E402
+from resctl.checkpoint import format as fmt
+from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, wait_for, worker_pid
 
 STEPS = 300
 

@@ -8,7 +8,7 @@ but not the node)::
                                     <launch>: `p<pid>-<random>` of the `resctl run` that started the
                                     job on this node (RESCTL_SHM_LAUNCH, handed to its workers, which
                                     a restarted worker inherits); without resctl run, no suffix
-      rank-<R>/slot-0/ slot-1/      two checkpoint directories in the disk format (data-0.bin,
+      rank-<R>/slot-0/ slot-1/      the slots (resctl.checkpoint.slots): checkpoint directories in the disk format (data-0.bin,
                                     meta.pt, manifest.json written last), see resctl.checkpoint.memory
       replica/rank-<R>/slot-0|1/    the buddy copies of another node's ranks, kept by this node's
                                     replica server (resctl.checkpoint.replica), same format
@@ -40,13 +40,14 @@ import shutil
 import stat
 from pathlib import Path
 
+from resctl.checkpoint import slots
 from resctl.checkpoint.errors import CheckpointError
 
 SHM_ENV = "RESCTL_SHM_DIR"
 LAUNCH_ENV = "RESCTL_SHM_LAUNCH"  # set by `resctl run` for its workers: this launch's suffix
 DEFAULT_ROOT = "/dev/shm"
 PREFIX = "resctl-"
-SLOTS = 2
+SLOTS = slots.SLOTS  # how many, and which is next: resctl.checkpoint.slots
 
 
 class MemoryDirUnsafe(CheckpointError):
@@ -187,11 +188,6 @@ def release_rank(key: str, rank: int, root: Path | None = None) -> None:
         job_dir(key, root).rmdir()
     except OSError:
         pass  # other ranks still hold theirs (or it is gone already)
-
-
-def tier_bytes(state_bytes: int, ranks_per_node: int) -> int:
-    """Host shared memory the tier needs on a node: two slots per rank."""
-    return SLOTS * state_bytes * ranks_per_node
 
 
 def write_private(path: Path, data: bytes) -> None:

@@ -119,7 +119,7 @@ class Deadline:
             settimeout(left)
         try:
             return self.conn.recv_into(buffer, nbytes)
-        except socket.timeout:
+        except TimeoutError:
             raise WireError("replica peer too slow: deadline passed") from None
 
     def sendall(self, data: Any) -> None:
@@ -217,7 +217,7 @@ class Payload:
     data: tuple[int, int]
 
     @classmethod
-    def from_manifest(cls, text: str) -> "Payload":
+    def from_manifest(cls, text: str) -> Payload:
         """From a memory slot's manifest.json (its checksum is checked by the restoring reader)."""
         try:
             body = json.loads(text)["body"]
@@ -234,7 +234,7 @@ class Payload:
         return {"step": self.step, "manifest": self.manifest, "meta": list(self.meta), "data": list(self.data)}
 
     @classmethod
-    def from_header(cls, header: dict[str, Any]) -> "Payload":
+    def from_header(cls, header: dict[str, Any]) -> Payload:
         step, text = header.get("step"), header.get("manifest")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(text, str):
             raise WireError("bad step or manifest in replica header")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -50,7 +50,7 @@ def load_analysis(run_dir: Path) -> Any:
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (holds events-rank*.jsonl).")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
-    html: Annotated[Optional[Path], typer.Option("--html", help="Also write a self-contained HTML report with plots.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report with plots.")] = None,
 ) -> None:
     """Goodput and recovery of a run: text, JSON or HTML.
 

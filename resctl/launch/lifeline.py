@@ -13,14 +13,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-from typing import Mapping, Optional
+from typing import Mapping
 
 PR_SET_PDEATHSIG = 1
 RUN_PID_ENV = "RESCTL_RUN_PID"  # set by `resctl run` for its launcher
 LAUNCHER_PID_ENV = "RESCTL_LAUNCHER_PID"  # set by the launcher for its workers
 
 
-def die_with_parent(sig: int, expected_parent: Optional[int] = None) -> bool:
+def die_with_parent(sig: int, expected_parent: int | None = None) -> bool:
     """Get `sig` when the parent process dies; True when it is set up. With `expected_parent`, a
     process whose parent is not (or no longer) that one signals itself at once."""
     parent = os.getppid()
@@ -43,7 +43,7 @@ def _libc() -> ctypes.CDLL:
         return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
-def expected(env: Mapping[str, str], name: str) -> Optional[int]:
+def expected(env: Mapping[str, str], name: str) -> int | None:
     """The parent PID a child was told to expect in `env[name]` (None when absent or malformed)."""
     try:
         return int(env[name])

@@ -30,7 +30,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 PREFIX = "resctl/stop/"
 COUNT = PREFIX + "count"
@@ -73,9 +73,9 @@ class StopStep:
         self._claimed = False
         #: Set once this rank's proposal is in the store (or failed to get there).
         self.proposed = threading.Event()
-        self.proposal: Optional[int] = None
+        self.proposal: int | None = None
         self.closed = False
-        self._watcher: Optional[threading.Thread] = None
+        self._watcher: threading.Thread | None = None
 
     def claim(self) -> bool:
         """True for the first caller only: it makes this rank's proposal."""
@@ -96,7 +96,7 @@ class StopStep:
         finally:
             self.proposed.set()
 
-    def agree(self, timeout: float, tick: Optional[Callable[[], None]] = None) -> int:
+    def agree(self, timeout: float, tick: Callable[[], None] | None = None) -> int:
         """The stop step: the largest proposal, once every rank has proposed. Raises
         `StopStepUnavailable` when that does not happen within `timeout` seconds. `tick` is called
         about every `POLL` seconds while it waits (heartbeats: the wait may be long when a peer is gone)."""
@@ -112,7 +112,7 @@ class StopStep:
             raise StopStepUnavailable(f"no agreement within {timeout:.1f} s ({got}; {type(err).__name__})") from None
         return max(int(v) for v in values)
 
-    def _wait_all(self, deadline: float, tick: Optional[Callable[[], None]]) -> None:
+    def _wait_all(self, deadline: float, tick: Callable[[], None] | None) -> None:
         # One blocking wait first (the usual case: every rank proposes within milliseconds), then
         # polls: each timed-out wait would be logged by c10d, a `check` is not.
         first = min(deadline - time.monotonic(), FIRST_WAIT)
@@ -130,7 +130,7 @@ class StopStep:
                 raise TimeoutError
             time.sleep(POLL)
 
-    def _count(self) -> Optional[int]:
+    def _count(self) -> int | None:
         try:
             return int(self._ops.add(COUNT, 0))
         except Exception:  # noqa: BLE001
@@ -174,7 +174,7 @@ class StopStep:
             watcher.join(join_timeout)
 
 
-def open_for_default_group() -> Optional[StopStep]:
+def open_for_default_group() -> StopStep | None:
     """A `StopStep` over the default process group's store, or None when there is none to use."""
     import torch.distributed as dist
 

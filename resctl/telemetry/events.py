@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from resctl.drills import CAUSES
 from resctl.redact import redact_text
 
 EVENTS_GLOB = "events-rank*.jsonl"
@@ -151,7 +152,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
               optional=True),
     ), "resctl.telemetry.snapshots"),
     Kind("fault", "the worker saw a fault (recorded before it acts on it)", (
-        Field("cause", "str", "", "exception, exit, sigkill, hang, checkpoint_exception, sigterm"),
+        Field("cause", "str", "", ", ".join(CAUSES)),
         Field("error", "str", "", "the error message", optional=True),
         Field("injected", "bool", "", "fired by a fault drill", optional=True),
         Field("step", "int", "step", "step the worker had reached", optional=True),
@@ -256,7 +257,7 @@ def _validator(spec: tuple[tuple[str, type, bool], ...]) -> Callable[[dict[str, 
         body.append("        return slow(obj, spec)")
     body.append("    return obj")
     scope: dict[str, Any] = {"slow": _validate_slowly, "spec": spec}
-    exec("\n".join(body), scope)  # noqa: S102 - code generated from KINDS above, no input involved
+    exec("\n".join(body), scope)
     return scope["check"]  # type: ignore[no-any-return]
 
 

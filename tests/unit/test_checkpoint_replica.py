@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from resctl.checkpoint import crc, memdir, memory, replica
-from resctl.checkpoint import state as st
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import replica_wire as wire
+from resctl.checkpoint import state as st
 from resctl.checkpoint.engine import Checkpointer
 from resctl.telemetry.events import EventLog, read_events
 from tests.unit.test_checkpoint import _assert_same, _fresh, _training
@@ -67,7 +67,7 @@ def _snapshots(root: Path, steps: range, rank: int = 0, events: EventLog | None 
         tensors: list[torch.Tensor] = []
         structure = st.flatten(entries, tensors, {})
         meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
-        tier.save(tensors, meta, step, c._stage)
+        tier.save(tensors, meta, step, c.staging.stage)
         tier.wait()
     c.close()
     return tier, state

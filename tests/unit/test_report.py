@@ -4,6 +4,7 @@ and the report / tune-interval commands on them (real subprocesses, as a user ru
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,7 @@ def test_tune_interval_bad_input(tmp_path: Path, args: list[str], message: str) 
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-def random_run(rng: "random.Random") -> tuple[list[dict[str, object]], int, float]:
+def random_run(rng: random.Random) -> tuple[list[dict[str, object]], int, float]:
     """Epochs of one rank with random lengths, resume points and step times; returns the events,
     the kept steps and their compute by brute force (every step compared with every later resume)."""
     events: list[dict[str, object]] = []
