@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, MutableMapping
 import torch
 
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint import memdir, reader, replica, sharded
+from resctl.checkpoint import agree, memdir, reader, replica, sharded
 from resctl.checkpoint import state as st
 from resctl.checkpoint.errors import CheckpointError, CheckpointMismatch, SaveFailuresExceeded
 from resctl.checkpoint.owner import Ownership
@@ -858,7 +858,7 @@ class Checkpointer:
         t0 = time.monotonic()
         replicated = self.memory_replicate and distributed
         if replicated:  # every rank takes part, so that the collectives match
-            addr = _buddy_addr(os.environ.get(replica.ADDR_ENV, ""))
+            addr = agree.buddy_addr_dist(os.environ.get(replica.ADDR_ENV, ""), _buddy_addr)
             if tier is not None:
                 tier.replicate_to(addr)
         # A rank whose tier is off still takes part in the collectives (with no snapshots).
@@ -866,7 +866,7 @@ class Checkpointer:
         remote = tier.buddy_steps(self.world_size) if tier is not None and replicated else set()
         mine = sorted(set(local) | remote, reverse=True)
         width = 2 * memdir.SLOTS if replicated else memdir.SLOTS
-        steps = _common_steps(mine, width) if distributed else mine
+        steps = agree.common_steps_dist(mine, width) if distributed else mine
         for step in steps:
             if step < newest_disk:
                 break
