@@ -35,7 +35,7 @@ from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
 from resctl.shim.stopstep import ANY_STEP, StopStep, StopStepUnavailable, open_for_default_group
 from resctl.shim.target import Target, parse_argv, run_target
-from resctl.telemetry.events import EventLog, host
+from resctl.telemetry.events import EventLog, host, process_started
 
 EXIT_SIGTERM = 143
 PING_EVERY = 0.1  # seconds between progress pings to the in-process wrapper (rate limit)
@@ -465,7 +465,8 @@ def main(argv: list[str]) -> int:
     from resctl.launch.titles import set_title, worker_title
 
     set_title(worker_title(shim.rank, int(os.environ.get("LOCAL_RANK", "0")), os.path.basename(target.name)))
-    shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name)
+    shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name,
+                     spawned=process_started())
     if shim.cycle > 0:  # ft_launcher restarted the worker group (in-job restart)
         shim.events.emit("restart", layer="launcher")
     if profile.faults.schedule and shim.rank == 0:

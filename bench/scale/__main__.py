@@ -1,0 +1,177 @@
+"""Recovery coordination at N simulated nodes (issue 25): the real pieces, threads for nodes.
+
+    nice -n 10 python -m bench.scale --n 8,64,256,1024 --rdzv-max 256 --out bench/scale/results.json
+    python -m bench.scale --table bench/scale/results.json      # the tables again, from the file
+
+Phases (see docs/BENCHMARKS.md, "Recovery coordination at scale"):
+
+- rendezvous: NVRx 0.4.1's `FtRendezvousHandler` + `C10dRendezvousBackend`, one per node
+  (bench/scale/rdzv.py): the job's first round, one node lost, the restart round with a replacement
+  (plus the agent's rank-assignment all-gather and master keys).
+- stop step: `resctl.shim.stopstep` after and before (bench/scale/legacy_stopstep.py) issue 25.
+- load agreement: candidates, common memory steps, buddy address, verdict (bench/scale/coord.py).
+
+Every phase reports wall time, CPU time of the harness process and of the store process, store
+round trips and bytes per participant (machine-independent), and the store's peak RSS and
+connections. On a 2-core shared VM the wall times of many threads are an upper bound: where the
+client CPU time is close to the wall time, the harness (one GIL for N simulated machines) is the
+limit, not the protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+
+def classify(ns: list[int], ys: list[float]) -> str:
+    """The growth that fits `ys` over `ns` best: O(1), O(log N), O(N) or O(N^2) (least squares of
+    y = a + b g(N), relative residuals; flat within 50 % over the range is O(1))."""
+    pts = [(n, y) for n, y in zip(ns, ys) if y is not None and y > 0]
+    if len(pts) < 3:
+        return "-"
+    lo, hi = min(y for _, y in pts), max(y for _, y in pts)
+    if hi <= 1.5 * lo or pts[-1][1] <= 1.5 * pts[0][1]:
+        return "O(1)"
+    best, best_err = "-", math.inf
+    for name, g in (("O(log N)", math.log2), ("O(N)", float), ("O(N^2)", lambda n: float(n) ** 2)):
+        xs = [g(n) for n, _ in pts]
+        mx, my = sum(xs) / len(xs), sum(y for _, y in pts) / len(pts)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        b = sum((x - mx) * (y - my) for x, (_, y) in zip(xs, pts)) / sxx if sxx else 0.0
+        a = my - b * mx
+        if b <= 0:
+            continue
+        err = sum(((a + b * x) - y) ** 2 / y**2 for x, (_, y) in zip(xs, pts))
+        if err < best_err:
+            best, best_err = name, err
+    return best
+
+
+def _run(results: dict[str, Any], key: str, n: int, fn: Callable[[], dict[str, Any]]) -> None:
+    t0 = time.monotonic()
+    print(f"[scale] {key} N={n} ...", file=sys.stderr, flush=True)
+    try:
+        row = fn()
+    except Exception as err:  # noqa: BLE001 - one phase failing does not lose the others
+        row = {"n": n, "error": repr(err)[:300]}
+    row["harness_s"] = round(time.monotonic() - t0, 2)
+    results.setdefault(key, []).append(row)
+    print(f"[scale] {key} N={n}: {json.dumps(row)[:400]}", file=sys.stderr, flush=True)
+
+
+def measure(ns: list[int], rdzv_max: int, before_max: int, out: Path) -> dict[str, Any]:
+    from bench.scale import coord, rdzv
+
+    results: dict[str, Any] = {
+        "machine": "dev VM (2 cores, shared)", "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ns": ns,
+    }
+    for n in ns:
+        _run(results, "stop_after", n, lambda: coord.stop_step(n, "after"))
+        if n <= before_max:
+            _run(results, "stop_before", n, lambda: coord.stop_step(n, "before"))
+        _run(results, "agree_after", n, lambda: coord.ckpt_agree(n, "after"))
+        if n <= before_max:
+            _run(results, "agree_before", n, lambda: coord.ckpt_agree(n, "before"))
+        if n <= rdzv_max:
+            _run(results, "rendezvous", n, lambda: rdzv.scenario(n))
+        out.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def _get(rows: list[dict[str, Any]], n: int, path: str) -> Any:
+    for row in rows:
+        if row.get("n") == n and "error" not in row:
+            value: Any = row
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            return value
+    return None
+
+
+SERIES = (
+    # (label, key, field, unit)
+    ("rendezvous: first round (all nodes join)", "rendezvous", "start_round_s", "s"),
+    ("rendezvous: restart round after a node loss, beyond the 15 s keep-alive expiry", "rendezvous",
+     "restart_after_expiry_s", "s"),
+    ("rendezvous: restart round, store round trips per node", "rendezvous", "restart_round.round_trips", ""),
+    ("rendezvous: restart round, bytes per node", "rendezvous", "restart_round.bytes", "B"),
+    ("rendezvous: restart round, compare-and-set attempts per node", "rendezvous", "restart_round.compare_set", ""),
+    ("rendezvous: harness CPU of the restart round", "rendezvous", "restart_round_cpu_s", "s"),
+    ("launcher monitor poll (num_nodes_waiting: one state read)", "rendezvous", "poll_s_p50", "s"),
+    ("rendezvous state size", "rendezvous", "state_bytes", "B"),
+    ("stop step, before: signal -> last rank agreed", "stop_before", "wall_s", "s"),
+    ("stop step, after", "stop_after", "wall_s", "s"),
+    ("stop step, before: store CPU", "stop_before", "store.cpu_s", "s"),
+    ("stop step, after: store CPU", "stop_after", "store.cpu_s", "s"),
+    ("stop step, before: round trips per rank", "stop_before", "per_rank.round_trips", ""),
+    ("stop step, after: round trips per rank", "stop_after", "per_rank.round_trips", ""),
+    ("stop step, before: keys read or written at the store per rank", "stop_before", "per_rank.keys", ""),
+    ("stop step, after: keys read or written at the store per rank", "stop_after", "per_rank.keys", ""),
+    ("stop step, before: bytes per rank", "stop_before", "per_rank.bytes", "B"),
+    ("stop step, after: bytes per rank", "stop_after", "per_rank.bytes", "B"),
+    ("stop step, after: store connections", "stop_after", "store.connections", ""),
+    ("stop step, after: store peak RSS", "stop_after", "store.rss_peak_mb", "MB"),
+    ("load agreement, before (all-gathers)", "agree_before", "wall_s", "s"),
+    ("load agreement, after (agree.py)", "agree_after", "wall_s", "s"),
+    ("load agreement, before: bytes per rank", "agree_before", "per_rank.bytes", "B"),
+    ("load agreement, after: bytes per rank", "agree_after", "per_rank.bytes", "B"),
+    ("load agreement, before: store peak RSS", "agree_before", "store.rss_peak_mb", "MB"),
+    ("load agreement, after: store peak RSS", "agree_after", "store.rss_peak_mb", "MB"),
+)
+
+
+def _fmt(v: Any, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "s":
+        return f"{v:.3f}" if v < 10 else f"{v:.1f}"
+    if unit == "B":
+        return f"{v / 1e6:.2f} MB" if v >= 1e6 else f"{v / 1e3:.1f} KB" if v >= 1e3 else f"{v:.0f} B"
+    if unit == "MB":
+        return f"{v:.0f}"
+    return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+
+def table(results: dict[str, Any]) -> str:
+    ns = results["ns"]
+    head = "| measure | " + " | ".join(f"N={n}" for n in ns) + " | growth |"
+    lines = [head, "|---|" + "---|" * (len(ns) + 1)]
+    for label, key, path, unit in SERIES:
+        rows = results.get(key, [])
+        values = [_get(rows, n, path) for n in ns]
+        if all(v is None for v in values):
+            continue
+        growth = classify(ns, values)
+        unit_s = f" ({unit})" if unit in ("s", "MB") else ""
+        lines.append(f"| {label}{unit_s} | " + " | ".join(_fmt(v, unit) for v in values) + f" | {growth} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", default="8,64,256,1024", help="simulated sizes, comma-separated")
+    parser.add_argument("--rdzv-max", type=int, default=256, help="largest N for NVRx's rendezvous (O(N^2) work)")
+    parser.add_argument("--before-max", type=int, default=1024, help="largest N for the pre-issue-25 versions")
+    parser.add_argument("--out", type=Path, default=Path("bench/scale/results.json"))
+    parser.add_argument("--table", type=Path, help="print the tables of a results file and exit")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return 0
+    ns = [int(x) for x in args.n.split(",")]
+    results = measure(ns, args.rdzv_max, args.before_max, args.out)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
