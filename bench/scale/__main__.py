@@ -66,7 +66,11 @@ def _run(results: dict[str, Any], key: str, n: int, fn: Callable[[], dict[str, A
     print(f"[scale] {key} N={n}: {json.dumps(row)[:400]}", file=sys.stderr, flush=True)
 
 
-def measure(ns: list[int], rdzv_max: int, before_max: int, out: Path) -> dict[str, Any]:
+#: The all-gathers before issue 25 hold N x 2 KB per rank at once: 32 GB for 4096 threads here.
+AGREE_BEFORE_MAX = 1024
+
+
+def measure(ns: list[int], rdzv_max: int, before_max: int, out: Path, coordination: bool = True) -> dict[str, Any]:
     from bench.scale import coord, rdzv
 
     results: dict[str, Any] = {
@@ -74,21 +78,36 @@ def measure(ns: list[int], rdzv_max: int, before_max: int, out: Path) -> dict[st
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ns": ns,
     }
     for n in ns:
-        _run(results, "stop_after", n, lambda: coord.stop_step(n, "after"))
-        if n <= before_max:
-            _run(results, "stop_before", n, lambda: coord.stop_step(n, "before"))
-        _run(results, "agree_after", n, lambda: coord.ckpt_agree(n, "after"))
-        if n <= before_max:
-            _run(results, "agree_before", n, lambda: coord.ckpt_agree(n, "before"))
+        if coordination:
+            _run(results, "stop_after", n, lambda: coord.stop_step(n, "after"))
+            if n <= before_max:
+                _run(results, "stop_before", n, lambda: coord.stop_step(n, "before"))
+            _run(results, "agree_after", n, lambda: coord.ckpt_agree(n, "after"))
+            if n <= min(before_max, AGREE_BEFORE_MAX):
+                _run(results, "agree_before", n, lambda: coord.ckpt_agree(n, "before"))
         if n <= rdzv_max:
             _run(results, "rendezvous", n, lambda: rdzv.scenario(n))
         out.write_text(json.dumps(results, indent=1))
     return results
 
 
+#: Round-trip time assumed for the critical-path estimate (a data-centre network, one hop; loopback
+#: here is ~30 us).
+RTT_S = 100e-6
+
+
+def critical_path(row: dict[str, Any]) -> float:
+    """What the phase would take on N real machines: the store's serial work (its CPU time, measured),
+    one machine's share of the client work, and one rank's round trips in sequence at RTT_S."""
+    n = row["n"]
+    return row["store"]["cpu_s"] + row["client_cpu_s"] / n + row["per_rank"]["round_trips"] * RTT_S
+
+
 def _get(rows: list[dict[str, Any]], n: int, path: str) -> Any:
     for row in rows:
         if row.get("n") == n and "error" not in row:
+            if path == "critical":
+                return critical_path(row)
             value: Any = row
             for part in path.split("."):
                 value = value.get(part) if isinstance(value, dict) else None
@@ -109,6 +128,10 @@ SERIES = (
     ("rendezvous state size", "rendezvous", "state_bytes", "B"),
     ("stop step, before: signal -> last rank agreed", "stop_before", "wall_s", "s"),
     ("stop step, after", "stop_after", "wall_s", "s"),
+    ("stop step, before: critical path on N machines (estimate)", "stop_before", "critical", "s"),
+    ("stop step, after: critical path on N machines (estimate)", "stop_after", "critical", "s"),
+    ("stop step, before: harness CPU", "stop_before", "client_cpu_s", "s"),
+    ("stop step, after: harness CPU", "stop_after", "client_cpu_s", "s"),
     ("stop step, before: store CPU", "stop_before", "store.cpu_s", "s"),
     ("stop step, after: store CPU", "stop_after", "store.cpu_s", "s"),
     ("stop step, before: round trips per rank", "stop_before", "per_rank.round_trips", ""),
@@ -119,8 +142,17 @@ SERIES = (
     ("stop step, after: bytes per rank", "stop_after", "per_rank.bytes", "B"),
     ("stop step, after: store connections", "stop_after", "store.connections", ""),
     ("stop step, after: store peak RSS", "stop_after", "store.rss_peak_mb", "MB"),
+    ("gloo groups in threads: group creation (torch)", "gloo", "create_s", "s"),
+    ("gloo: load agreement before (all-gathers)", "gloo", "before_s", "s"),
+    ("gloo: load agreement after (agree.py)", "gloo", "after_s", "s"),
     ("load agreement, before (all-gathers)", "agree_before", "wall_s", "s"),
     ("load agreement, after (agree.py)", "agree_after", "wall_s", "s"),
+    ("load agreement, before: critical path on N machines (estimate)", "agree_before", "critical", "s"),
+    ("load agreement, after: critical path on N machines (estimate)", "agree_after", "critical", "s"),
+    ("load agreement, before: store CPU", "agree_before", "store.cpu_s", "s"),
+    ("load agreement, after: store CPU", "agree_after", "store.cpu_s", "s"),
+    ("load agreement, before: round trips per rank", "agree_before", "per_rank.round_trips", ""),
+    ("load agreement, after: round trips per rank", "agree_after", "per_rank.round_trips", ""),
     ("load agreement, before: bytes per rank", "agree_before", "per_rank.bytes", "B"),
     ("load agreement, after: bytes per rank", "agree_after", "per_rank.bytes", "B"),
     ("load agreement, before: store peak RSS", "agree_before", "store.rss_peak_mb", "MB"),
@@ -161,14 +193,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", default="8,64,256,1024", help="simulated sizes, comma-separated")
     parser.add_argument("--rdzv-max", type=int, default=256, help="largest N for NVRx's rendezvous (O(N^2) work)")
     parser.add_argument("--before-max", type=int, default=1024, help="largest N for the pre-issue-25 versions")
+    parser.add_argument("--rdzv-only", action="store_true", help="only NVRx's rendezvous (up to --rdzv-max)")
     parser.add_argument("--out", type=Path, default=Path("bench/scale/results.json"))
     parser.add_argument("--table", type=Path, help="print the tables of a results file and exit")
+    parser.add_argument("--gloo", help="instead: load's agreement on real gloo groups in threads at these N "
+                                       "(a full mesh in one process: up to ~64)")
     args = parser.parse_args(argv)
     if args.table:
         print(table(json.loads(args.table.read_text())))
         return 0
+    if args.gloo:
+        from bench.scale import gloo
+
+        ns = [int(x) for x in args.gloo.split(",")]
+        results: dict[str, Any] = {"ns": ns, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        for n in ns:
+            _run(results, "gloo", n, lambda: gloo.run(n))
+        args.out.write_text(json.dumps(results, indent=1))
+        print(table(results))
+        return 0
     ns = [int(x) for x in args.n.split(",")]
-    results = measure(ns, args.rdzv_max, args.before_max, args.out)
+    results = measure(ns, args.rdzv_max, args.before_max, args.out, coordination=not args.rdzv_only)
     print(table(results))
     return 0
 

@@ -79,6 +79,8 @@ def stop_step(n: int, impl: str = "after") -> dict[str, Any]:
                 s.watch(woken[r].set)
         for c in counters:
             c.clear()  # count the stop, not the set-up
+        time.sleep(0.5)  # the wake threads are in their waits
+        host.mark()
         done = [0.0] * n
         agreed = [0] * n
         t0 = time.monotonic()
@@ -174,6 +176,7 @@ def ckpt_agree(n: int, impl: str = "after", width: int = 4) -> dict[str, Any]:
         result: list[Any] = [None] * n
         start = threading.Barrier(n)
         t0 = [0.0]
+        host.mark()
         cpu0 = _cpu()
 
         def rank(r: int) -> None:

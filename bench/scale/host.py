@@ -62,6 +62,10 @@ class StoreHost:
             except OSError:
                 return
 
+    def mark(self) -> None:
+        """Start the phase: its CPU time counts from here (not the clients' connection set-up)."""
+        self._cpu0 = self._cpu()
+
     def sample(self) -> HostSample:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         kb = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines() if line.startswith("Vm")}

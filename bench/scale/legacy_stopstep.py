@@ -1,4 +1,8 @@
-"""The stop step: when a job is stopped, every rank saves its final checkpoint at the same step.
+"""A copy of resctl/shim/stopstep.py before issue 25 (commit f344b04), kept so that bench/scale can
+measure the before curve: every proposer set every rank's wake key and every rank read every
+proposal key (O(N) keys per rank, O(N^2) at the store). Not used by resctl.
+
+The stop step: when a job is stopped, every rank saves its final checkpoint at the same step.
 
 SIGTERM does not reach the ranks of a job at one instant: Slurm signals each node's step, Kubernetes
 each pod, a launcher its own workers. A rank that saved at "its next step boundary" and left could

@@ -144,6 +144,7 @@ def scenario(n: int, keep_alive: float = 5.0, attempts: int = 3, last_call: floa
         t_fault = time.monotonic()
         lost.lose()
         replacement = Node(host.port, run_id, n, keep_alive, attempts, last_call)
+        host.mark()
         survivors = [x for x in nodes if x is not lost] + [replacement]
         wall, rdzv_wall, cpu = _run(survivors, share=True)
         ops = total(x.ops for x in survivors)
