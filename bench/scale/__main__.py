@@ -33,7 +33,7 @@ from typing import Any, Callable
 def classify(ns: list[int], ys: list[float]) -> str:
     """The growth that fits `ys` over `ns` best: O(1), O(log N), O(N) or O(N^2) (least squares of
     y = a + b g(N), relative residuals; flat within 50 % over the range is O(1))."""
-    pts = [(n, y) for n, y in zip(ns, ys) if y is not None and y > 0]
+    pts = [(n, y) for n, y in zip(ns, ys) if isinstance(y, (int, float)) and y > 0]
     if len(pts) < 3:
         return "-"
     lo, hi = min(y for _, y in pts), max(y for _, y in pts)
@@ -70,7 +70,8 @@ def _run(results: dict[str, Any], key: str, n: int, fn: Callable[[], dict[str, A
 AGREE_BEFORE_MAX = 1024
 
 
-def measure(ns: list[int], rdzv_max: int, before_max: int, out: Path, coordination: bool = True) -> dict[str, Any]:
+def measure(ns: list[int], rdzv_max: int, before_max: int, out: Path, coordination: bool = True,
+            repeats: int = 1) -> dict[str, Any]:
     from bench.scale import coord, rdzv
 
     results: dict[str, Any] = {
@@ -79,12 +80,13 @@ def measure(ns: list[int], rdzv_max: int, before_max: int, out: Path, coordinati
     }
     for n in ns:
         if coordination:
-            _run(results, "stop_after", n, lambda: coord.stop_step(n, "after"))
+            _run(results, "stop_after", n, lambda: coord.stop_step(n, "after", repeats))
             if n <= before_max:
-                _run(results, "stop_before", n, lambda: coord.stop_step(n, "before"))
+                _run(results, "stop_before", n, lambda: coord.stop_step(n, "before", repeats))
             _run(results, "agree_after", n, lambda: coord.ckpt_agree(n, "after"))
             if n <= min(before_max, AGREE_BEFORE_MAX):
                 _run(results, "agree_before", n, lambda: coord.ckpt_agree(n, "before"))
+        _run(results, "rdzv_state", n, lambda: rdzv.state_cost(n))
         if n <= rdzv_max:
             _run(results, "rendezvous", n, lambda: rdzv.scenario(n))
         out.write_text(json.dumps(results, indent=1))
@@ -105,9 +107,13 @@ def critical_path(row: dict[str, Any]) -> float:
 
 def _get(rows: list[dict[str, Any]], n: int, path: str) -> Any:
     for row in rows:
-        if row.get("n") == n and "error" not in row:
+        if row.get("n") == n and "error" in row:
+            return "failed"
+        if row.get("n") == n:
             if path == "critical":
                 return critical_path(row)
+            if path == "rdzv_bound":  # 2N read-modify-writes in sequence, the keep-alive expiry, a 1 s poll
+                return 2 * n * (row["rmw_cpu_s"] + RTT_S) + 15.0 + 1.0
             value: Any = row
             for part in path.split("."):
                 value = value.get(part) if isinstance(value, dict) else None
@@ -124,10 +130,13 @@ SERIES = (
     ("rendezvous: restart round, bytes per node", "rendezvous", "restart_round.bytes", "B"),
     ("rendezvous: restart round, compare-and-set attempts per node", "rendezvous", "restart_round.compare_set", ""),
     ("rendezvous: harness CPU of the restart round", "rendezvous", "restart_round_cpu_s", "s"),
-    ("launcher monitor poll (num_nodes_waiting: one state read)", "rendezvous", "poll_s_p50", "s"),
-    ("rendezvous state size", "rendezvous", "state_bytes", "B"),
-    ("stop step, before: signal -> last rank agreed", "stop_before", "wall_s", "s"),
-    ("stop step, after", "stop_after", "wall_s", "s"),
+    ("launcher monitor poll (num_nodes_waiting: one state read)", "rendezvous", "poll_s_p50", "s", False),
+    ("rendezvous state size (a complete round)", "rdzv_state", "state_bytes", "B"),
+    ("rendezvous state: one read-modify-write, CPU (s)", "rdzv_state", "rmw_cpu_s", "s"),
+    ("restart round, lower bound on N machines: 15 s expiry + 1 s poll + 2N x (RMW + RTT)", "rdzv_state",
+     "rdzv_bound", "s"),
+    ("stop step, before: signal -> last rank agreed", "stop_before", "wall_s", "s", False),
+    ("stop step, after: signal -> last rank agreed", "stop_after", "wall_s", "s", False),
     ("stop step, before: critical path on N machines (estimate)", "stop_before", "critical", "s"),
     ("stop step, after: critical path on N machines (estimate)", "stop_after", "critical", "s"),
     ("stop step, before: harness CPU", "stop_before", "client_cpu_s", "s"),
@@ -142,11 +151,11 @@ SERIES = (
     ("stop step, after: bytes per rank", "stop_after", "per_rank.bytes", "B"),
     ("stop step, after: store connections", "stop_after", "store.connections", ""),
     ("stop step, after: store peak RSS", "stop_after", "store.rss_peak_mb", "MB"),
-    ("gloo groups in threads: group creation (torch)", "gloo", "create_s", "s"),
-    ("gloo: load agreement before (all-gathers)", "gloo", "before_s", "s"),
-    ("gloo: load agreement after (agree.py)", "gloo", "after_s", "s"),
-    ("load agreement, before (all-gathers)", "agree_before", "wall_s", "s"),
-    ("load agreement, after (agree.py)", "agree_after", "wall_s", "s"),
+    ("gloo groups in threads: group creation (torch)", "gloo", "create_s", "s", False),
+    ("gloo: load agreement before (all-gathers)", "gloo", "before_s", "s", False),
+    ("gloo: load agreement after (agree.py)", "gloo", "after_s", "s", False),
+    ("load agreement, before (all-gathers)", "agree_before", "wall_s", "s", False),
+    ("load agreement, after (agree.py)", "agree_after", "wall_s", "s", False),
     ("load agreement, before: critical path on N machines (estimate)", "agree_before", "critical", "s"),
     ("load agreement, after: critical path on N machines (estimate)", "agree_after", "critical", "s"),
     ("load agreement, before: store CPU", "agree_before", "store.cpu_s", "s"),
@@ -161,8 +170,8 @@ SERIES = (
 
 
 def _fmt(v: Any, unit: str) -> str:
-    if v is None:
-        return "-"
+    if v is None or isinstance(v, str):
+        return v or "-"
     if unit == "s":
         return f"{v:.3f}" if v < 10 else f"{v:.1f}"
     if unit == "B":
@@ -176,12 +185,13 @@ def table(results: dict[str, Any]) -> str:
     ns = results["ns"]
     head = "| measure | " + " | ".join(f"N={n}" for n in ns) + " | growth |"
     lines = [head, "|---|" + "---|" * (len(ns) + 1)]
-    for label, key, path, unit in SERIES:
+    for label, key, path, unit, *fit in SERIES:
         rows = results.get(key, [])
         values = [_get(rows, n, path) for n in ns]
         if all(v is None for v in values):
             continue
-        growth = classify(ns, values)
+        # Wall times of N threads on 2 shared cores are scheduling noise: no growth is read from them.
+        growth = classify(ns, values) if not fit or fit[0] else "(wall: noise)"
         unit_s = f" ({unit})" if unit in ("s", "MB") else ""
         lines.append(f"| {label}{unit_s} | " + " | ".join(_fmt(v, unit) for v in values) + f" | {growth} |")
     return "\n".join(lines)
@@ -193,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", default="8,64,256,1024", help="simulated sizes, comma-separated")
     parser.add_argument("--rdzv-max", type=int, default=256, help="largest N for NVRx's rendezvous (O(N^2) work)")
     parser.add_argument("--before-max", type=int, default=1024, help="largest N for the pre-issue-25 versions")
+    parser.add_argument("--repeats", type=int, default=1, help="stops per size (the median wall time is kept)")
     parser.add_argument("--rdzv-only", action="store_true", help="only NVRx's rendezvous (up to --rdzv-max)")
     parser.add_argument("--out", type=Path, default=Path("bench/scale/results.json"))
     parser.add_argument("--table", type=Path, help="print the tables of a results file and exit")
@@ -213,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table(results))
         return 0
     ns = [int(x) for x in args.n.split(",")]
-    results = measure(ns, args.rdzv_max, args.before_max, args.out, coordination=not args.rdzv_only)
+    results = measure(ns, args.rdzv_max, args.before_max, args.out, coordination=not args.rdzv_only,
+                      repeats=args.repeats)
     print(table(results))
     return 0
 

@@ -62,44 +62,58 @@ def _threads(n: int, body: Callable[[int], None]) -> None:
 # --- the stop step ----------------------------------------------------------------------------
 
 
-def stop_step(n: int, impl: str = "after") -> dict[str, Any]:
+def stop_step(n: int, impl: str = "after", repeats: int = 1) -> dict[str, Any]:
+    """`repeats` stops over one store host (fresh keys and `StopStep`s each time); the wall time
+    reported is the median, its spread in `walls`, the rest is of the last stop."""
+    with StoreHost(libuv=True) as host:
+        bases = [b for b in _clients(host.port, n, "stop")]
+        walls = []
+        for i in range(repeats):
+            row = _one_stop(host, bases, i, n, impl)
+            walls.append(row["wall_s"])
+        row["walls"] = walls
+        row["wall_s"] = sorted(walls)[len(walls) // 2]
+    return row
+
+
+def _one_stop(host: StoreHost, bases: list[Any], i: int, n: int, impl: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
     if impl == "after":
         from resctl.shim.stopstep import StopStep
     else:
         from bench.scale.legacy_stopstep import StopStep  # type: ignore[no-redef]
-    rng = random.Random(n)
+    rng = random.Random(n + i)
     steps = [100 + rng.randint(0, 2) for _ in range(n)]  # ranks a step or two apart
-    with StoreHost(libuv=True) as host:
-        counters = [Counter() for _ in range(n)]
-        bases = _clients(host.port, n, "stop")
-        ranks = [StopStep(Counting(b, counters[r]), r, n) for r, b in enumerate(bases)]
-        woken = [threading.Event() for _ in range(n)]
-        for r, s in enumerate(ranks):
-            if r:
-                s.watch(woken[r].set)
-        for c in counters:
-            c.clear()  # count the stop, not the set-up
-        time.sleep(0.5)  # the wake threads are in their waits
-        host.mark()
-        done = [0.0] * n
-        agreed = [0] * n
-        t0 = time.monotonic()
-        cpu0 = _cpu()
+    counters = [Counter() for _ in range(n)]
+    ranks = [StopStep(Counting(dist.PrefixStore(str(i), b), counters[r]), r, n) for r, b in enumerate(bases)]
+    woken = [threading.Event() for _ in range(n)]
+    for r, s in enumerate(ranks):
+        if r:
+            s.watch(woken[r].set)
+    for c in counters:
+        c.clear()  # count the stop, not the set-up
+    time.sleep(0.5)  # the wake threads are in their waits
+    host.mark()
+    done = [0.0] * n
+    agreed = [0] * n
+    t0 = time.monotonic()
+    cpu0 = _cpu()
 
-        def rank(r: int) -> None:
-            if r:
-                woken[r].wait(120)
-            s = ranks[r]
-            if s.claim():
-                threading.Thread(target=s.propose, args=(steps[r],), daemon=True).start()
-            agreed[r] = s.agree(timeout=120)
-            done[r] = time.monotonic()
+    def rank(r: int) -> None:
+        if r:
+            woken[r].wait(120)
+        s = ranks[r]
+        if s.claim():
+            threading.Thread(target=s.propose, args=(steps[r],), daemon=True).start()
+        agreed[r] = s.agree(timeout=120)
+        done[r] = time.monotonic()
 
-        _threads(n, rank)
-        cpu = _cpu() - cpu0
-        sample = host.sample()
-        for s in ranks:
-            s.close(join_timeout=1)
+    _threads(n, rank)
+    cpu = _cpu() - cpu0
+    sample = host.sample()
+    for s in ranks:
+        s.close(join_timeout=1)
     assert set(agreed) == {max(steps)}, "the ranks disagree"
     ops = total(counters)
     return {"n": n, "impl": impl, "wall_s": max(done) - t0, "p50_s": sorted(done)[n // 2] - t0,

@@ -166,3 +166,34 @@ def scenario(n: int, keep_alive: float = 5.0, attempts: int = 3, last_call: floa
         "store": host_sample.__dict__,
         "t_fault": t_fault,
     }
+
+
+def state_cost(n: int, reps: int = 5) -> dict[str, Any]:
+    """The rendezvous state of a complete round of `n` nodes (participants, heartbeats, worker
+    states), as NVRx writes it: its size, and one read-modify-write's CPU (b64decode + unpickle,
+    pickle + b64encode), the work every compare-and-set attempt costs its node. The restart round
+    needs about 2n successful attempts one after another (each node leaves, then joins), so
+    2n x (this + one round trip) bounds it from below on any machine."""
+    import base64
+    import pickle
+    from datetime import datetime
+
+    from nvidia_resiliency_ext.fault_tolerance import _ft_rendezvous as ftr
+    from torch.distributed.elastic.agent.server.api import WorkerState
+
+    state = ftr._RendezvousState()
+    gen = ftr._NodeDescGenerator()
+    for i in range(n):
+        node = gen.generate(f"node-{i:05d}.cluster.local")
+        state.participants[node] = i
+        state.last_heartbeats[node] = datetime.utcnow()
+        state.worker_states[node] = WorkerState.HEALTHY
+    state.complete = True
+    blob = base64.b64encode(pickle.dumps(state))
+    times = []
+    for _ in range(reps):
+        t0 = time.process_time()
+        s = pickle.loads(base64.b64decode(blob))
+        base64.b64encode(pickle.dumps(s))
+        times.append(time.process_time() - t0)
+    return {"n": n, "state_bytes": len(blob), "rmw_cpu_s": sorted(times)[reps // 2]}
