@@ -132,7 +132,7 @@ SERIES = (
     ("rendezvous: harness CPU of the restart round", "rendezvous", "restart_round_cpu_s", "s"),
     ("launcher monitor poll (num_nodes_waiting: one state read)", "rendezvous", "poll_s_p50", "s", False),
     ("rendezvous state size (a complete round)", "rdzv_state", "state_bytes", "B"),
-    ("rendezvous state: one read-modify-write, CPU (s)", "rdzv_state", "rmw_cpu_s", "s"),
+    ("rendezvous state: one read-modify-write, CPU", "rdzv_state", "rmw_cpu_s", "s"),
     ("restart round, lower bound on N machines: 15 s expiry + 1 s poll + 2N x (RMW + RTT)", "rdzv_state",
      "rdzv_bound", "s"),
     ("stop step, before: signal -> last rank agreed", "stop_before", "wall_s", "s", False),

@@ -29,7 +29,8 @@ a larger proposal landed in between: at most the few distinct steps the ranks ar
 holds 4 keys plus one wake key per rank, and one request of the first proposer sets those. Each
 rank holds two connections to the store besides its group's own (the wake thread's blocked wait
 and the protocol's calls). An earlier version had every rank set every wake key and read every
-proposal key, N round-trip payloads of N keys each: 3.7 s of store time at 1,024 ranks.
+proposal key (N keys each way per rank, N^2 at the store): at 1,024 simulated ranks 111 of them saw
+their store calls time out and saved alone; this one agreed there with 0.13 s of store CPU.
 
 When the agreement cannot be had within half of what is left of `checkpoint.sigterm_grace` (a peer
 died, the store is gone), the rank saves at the boundary it is at, as a rank alone would.
