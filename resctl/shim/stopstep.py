@@ -26,7 +26,7 @@ process):
 What it costs as the job grows (bench/scale, docs/architecture.md): a rank makes 2-3 store round
 trips to propose and 2 to agree, whatever the world size (a compare-and-set is retried only when
 a larger proposal landed in between: at most the few distinct steps the ranks are at); the store
-holds 4 keys plus one wake key per rank, and one request of the first proposer sets those. Each
+holds 3 keys plus one wake key per rank, and one request of the first proposer sets those. Each
 rank holds two connections to the store besides its group's own (the wake thread's blocked wait
 and the protocol's calls). An earlier version had every rank set every wake key and read every
 proposal key (N keys each way per rank, N^2 at the store): at 1,024 simulated ranks 111 of them saw
