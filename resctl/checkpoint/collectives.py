@@ -1,6 +1,7 @@
 """What the ranks agree on when they load, as tensor collectives on the default process group
-(object collectives would need numpy): rank 0's list of disk steps, the memory steps every rank
-holds, each node's buddy address, and the MIN of each rank's verdict on a candidate.
+(object collectives would need numpy): rank 0's list of disk steps, each node's buddy address (the
+all-gather fallback of `agree.buddy_addr_dist`), and the MIN of each rank's verdict on a candidate.
+The memory steps every rank holds: `agree.common_steps_dist` (a cost that does not grow with N).
 
 Every function here is collective: all ranks call it, in the same order (the engine's load).
 """
@@ -44,20 +45,6 @@ def broadcast_steps(steps: list[int]) -> list[int]:
     if buf.numel():
         torch.distributed.broadcast(buf, src=0)
     return [int(s) for s in buf.tolist()]
-
-
-def common_steps(local: list[int], width: int) -> list[int]:
-    """The steps every rank has, newest first (each rank gives at most `width`, the same on all)."""
-    dev = _device()
-    mine = torch.full((width,), -1, dtype=torch.int64, device=dev)
-    for i, s in enumerate(local[:width]):
-        mine[i] = s
-    every = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(every, mine)
-    common = set(local)
-    for other in every:
-        common &= {int(s) for s in other.tolist() if s >= 0}
-    return sorted(common, reverse=True)
 
 
 def buddy_addr(own: str) -> str | None:

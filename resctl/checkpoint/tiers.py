@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, MutableMapping
 
 import torch
 
-from resctl.checkpoint import collectives, memdir, replica, slots
+from resctl.checkpoint import agree, collectives, memdir, replica, slots
 from resctl.checkpoint import state as st
 from resctl.checkpoint.staging import Staging
 from resctl.telemetry.events import EventLog
@@ -149,14 +149,14 @@ class MemoryTiers:
         t0 = time.monotonic()
         replicated = self.replicate and distributed
         if replicated:  # every rank takes part, so that the collectives match
-            addr = collectives.buddy_addr(os.environ.get(replica.ADDR_ENV, ""))
+            addr = agree.buddy_addr_dist(os.environ.get(replica.ADDR_ENV, ""), collectives.buddy_addr)
             if tier is not None:
                 tier.replicate_to(addr)
         world = self._world_size()
         local = tier.steps(world) if tier is not None else {}
         remote = tier.buddy_steps(world) if tier is not None and replicated else set()
         mine = sorted(set(local) | remote, reverse=True)
-        steps = collectives.common_steps(mine, slots.compared_steps(replicated)) if distributed else mine
+        steps = agree.common_steps_dist(mine, slots.compared_steps(replicated)) if distributed else mine
         for step in steps:
             if step < newest_disk:
                 break

@@ -37,7 +37,7 @@ from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
 from resctl.shim.stopstep import ANY_STEP, StopStep, StopStepUnavailable, open_for_default_group
 from resctl.shim.target import Target, parse_argv, run_target
-from resctl.telemetry.events import EventLog, host
+from resctl.telemetry.events import EventLog, host, process_started
 
 if TYPE_CHECKING:  # the engine imports torch; the shim loads it in _configure_checkpoint
     from resctl.checkpoint.engine import Checkpointer
@@ -513,7 +513,8 @@ def main(argv: list[str]) -> int:
     from resctl.launch.titles import set_title, worker_title
 
     set_title(worker_title(shim.rank, int(os.environ.get("LOCAL_RANK", "0")), os.path.basename(target.name)))
-    shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name)
+    shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name,
+                     spawned=process_started())
     if shim.cycle > 0:  # ft_launcher restarted the worker group (in-job restart)
         shim.events.emit("restart", layer="launcher")
     if profile.faults.schedule and shim.rank == 0:

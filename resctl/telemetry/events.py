@@ -71,6 +71,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("host", "str", "", "host name", optional=True),
         Field("world_size", "int", "", "WORLD_SIZE", optional=True),
         Field("script", "str", "", "the script or module run", optional=True),
+        Field("spawned", "float", "s", "unix time the process was created (fork or exec by the launcher, "
+              "10 ms resolution): the end of the launcher's rendezvous, for the report's recovery phases",
+              optional=True),
     ), "resctl.shim.runtime"),
     Kind("step", "an optimizer step finished", (
         Field("step", "int", "step", "the step's number (continues from the resumed step)"),
@@ -367,6 +370,18 @@ NULL_LOG: EventLog = _NullLog()
 
 def host() -> str:
     return socket.gethostname()
+
+
+def process_started(pid: str = "self") -> float | None:
+    """Unix time the process was created (Linux /proc; clock ticks, 10 ms), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK")), 3)
 
 
 @dataclass

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
@@ -12,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import tomllib
 
 from resctl.profile.render import _toml, default_text

@@ -357,7 +357,7 @@ def _run_ranks(script: Path, tmp: Path, phase: str, servers: list[replica.Replic
     for rank in range(2):  # one rank per node: node = rank
         env = {k: v for k, v in os.environ.items() if not k.startswith("RESCTL_")}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0",
-                   GROUP_RANK=str(rank), TORCHELASTIC_RUN_ID=KEY, OMP_NUM_THREADS="1",
+                   GROUP_RANK=str(rank), GROUP_WORLD_SIZE="2", TORCHELASTIC_RUN_ID=KEY, OMP_NUM_THREADS="1",
                    RESCTL_SHM_DIR=str(roots[rank]), RESCTL_REPLICA_ADDR=_addr(servers[rank]),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])))
         procs.append(subprocess.Popen([sys.executable, str(script), str(tmp), phase], env=env,
