@@ -110,8 +110,20 @@ def format_addr(host: str, port: int, secret: bytes = b"") -> str:
 
 
 def shown(addr: str) -> str:
-    """An address fit for a log line or an event: without its secret."""
+    """An address fit for a log line, an event or a store: without its secret."""
     return addr.partition("#")[0]
+
+
+def secret_of(addr: str) -> bytes:
+    """The secret part of `HOST:PORT#SECRET` (b"" when none or not hex)."""
+    try:
+        return bytes.fromhex(addr.partition("#")[2])
+    except ValueError:
+        return b""
+
+
+def with_secret(addr: str, secret: bytes) -> str:
+    return f"{shown(addr)}#{secret.hex()}" if secret else shown(addr)
 
 
 def advertised_host(endpoint: str) -> str:
