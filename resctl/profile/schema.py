@@ -425,6 +425,31 @@ class Doctor(Section):
     )
 
 
+class Health(Section):
+    """Cluster health that acts (docs/recovery.md, "Health"): restarts that make no progress stop the job,
+    ranks slower than the others are named. Both run in the `resctl run` process, from the events the
+    workers already write: no per-step cost in the workers."""
+
+    no_progress_cycles: int = Field(
+        0, ge=0,
+        description="Stop the job (exit 93, as NVRx >= 0.6: do not requeue) once this many launcher cycles in a "
+        "row, the first included, ended without a step beyond the best step before them, instead of spending "
+        "every restart; 0: off (restarts stop only at launch.max_restarts).",
+    )
+    stragglers: bool = Field(
+        True, description="Name a rank whose recent step times stay slower than the other ranks' median "
+        "(console, a straggler event, `resctl report`, metrics).",
+    )
+    straggler_margin: float = Field(
+        0.5, gt=0, le=100,
+        description="How much slower than the median of the other ranks counts: 0.5 = 50 % longer steps.",
+    )
+    straggler_steps: int = Field(
+        20, ge=2, le=100000,
+        description="Consecutive steps a rank must stay beyond the margin before it is named (once per episode).",
+    )
+
+
 class Fault(Section):
     """One scheduled fault: fires once per run, at `step` on `rank`."""
 
@@ -449,6 +474,7 @@ class Profile(Section):
     inprocess: InProcess = Field(default_factory=InProcess)
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     doctor: Doctor = Field(default_factory=Doctor)
+    health: Health = Field(default_factory=Health)
     faults: Faults = Field(default_factory=Faults)
 
     @model_validator(mode="after")

@@ -1,0 +1,140 @@
+"""Health that acts, the pure parts: the no-progress decision, the launcher's gate over real events files,
+the straggler detector."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from resctl.health.gate import Gate
+from resctl.health.progress import ProgressTracker
+from resctl.health.stragglers import RECENT, StragglerDetector, _median_without
+from resctl.telemetry.events import EventLog
+
+
+def test_cycles_without_a_new_step_stop_after_the_limit_the_first_cycle_included() -> None:
+    t = ProgressTracker(limit=2)
+    assert t.cycle_ended(None) is None  # cycle 0 crashed before its first step
+    verdict = t.cycle_ended(None)
+    assert verdict is not None and verdict.cycles == 2 and verdict.best == 0
+    assert "no step at all" in verdict.message() and "health.no_progress_cycles = 2" in verdict.message()
+
+
+def test_a_cycle_beyond_the_best_step_resets_the_count_and_a_rolled_back_replay_does_not() -> None:
+    t = ProgressTracker(limit=2)
+    assert t.cycle_ended(40, resumed=0) is None  # progress
+    assert t.cycle_ended(35) is None  # rolled back to 30, died at 35: no new step
+    assert t.cycle_ended(41) is None  # one new step: progress, count back to 0
+    assert t.cycle_ended(41) is None
+    verdict = t.cycle_ended(None)
+    assert verdict is not None and verdict.best == 41
+
+
+def test_the_first_cycle_resumed_from_a_checkpoint_counts_its_step_as_seen() -> None:
+    t = ProgressTracker(limit=1)
+    verdict = t.cycle_ended(None, resumed=500)  # resumed at 500 and died before step 501
+    assert verdict is not None and verdict.best == 500
+    assert ProgressTracker(limit=1).cycle_ended(501, resumed=500) is None
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(0, 50)), max_size=30), st.integers(1, 5))
+def test_the_stop_comes_exactly_after_limit_cycles_in_a_row_without_a_new_best(reached: list[int | None],
+                                                                                limit: int) -> None:
+    t, best, stalled = ProgressTracker(limit), 0, 0
+    for r in reached:
+        verdict = t.cycle_ended(r)
+        if r is not None and r > best:
+            best, stalled = r, 0
+        else:
+            stalled += 1
+        assert (verdict is not None) == (stalled >= limit)
+
+
+def _step(log: EventLog, *steps: int) -> None:
+    for s in steps:
+        log.step(s, 0.01)
+    log.flush()
+
+
+def test_the_gate_reads_only_what_each_cycle_appended(tmp_path: Path) -> None:
+    gate = Gate(tmp_path, limit=2)
+    old = EventLog(tmp_path, 0)
+    _step(old, 1, 2, 3)  # an earlier run's lines (a requeue): not this run's progress
+    assert gate.before_cycle() is None  # cycle 0 begins
+    _step(old, 4, 5)
+    assert gate.before_cycle() is None  # cycle 0 reached 5: progress
+    assert gate.before_cycle() is None  # cycle 1: nothing written (died before its start line)
+    other = EventLog(tmp_path, 1, cycle=2)
+    other.emit("resume", step=5)
+    _step(other, 5)  # replays 5, no new step
+    verdict = gate.before_cycle()
+    assert verdict is not None and verdict.cycles == 2 and verdict.best == 5
+
+
+def test_the_gate_reads_at_most_the_end_of_a_long_cycle(tmp_path: Path, monkeypatch) -> None:
+    import resctl.health.gate as gate_mod
+
+    monkeypatch.setattr(gate_mod, "SCAN_BYTES", 4096)
+    gate = Gate(tmp_path, limit=1)
+    gate.before_cycle()
+    _step(EventLog(tmp_path, 0), *range(1, 2001))
+    assert gate.before_cycle() is None and gate.tracker.best == 2000
+
+
+def test_the_launcher_gate_reads_its_limit_from_the_plan(tmp_path: Path, monkeypatch) -> None:
+    import resctl.health.gate as gate_mod
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"profile": {"health": {"no_progress_cycles": 3}}}))
+    monkeypatch.setenv("RESCTL_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("RESCTL_PLAN", str(plan))
+    monkeypatch.setattr(gate_mod, "_GATE", [])
+    gate = gate_mod._gate()
+    assert gate is not None and gate.tracker.limit == 3
+    plan.write_text(json.dumps({"profile": {"health": {"no_progress_cycles": 0}}}))
+    monkeypatch.setattr(gate_mod, "_GATE", [])
+    assert gate_mod._gate() is None
+
+
+def _feed(d: StragglerDetector, durations: dict[int, float], step: int, t: float = 0.0):
+    found = []
+    for rank, dur in durations.items():
+        s = d.feed({"kind": "step", "rank": rank, "cycle": 0, "iteration": 0, "step": step, "duration": dur, "t": t})
+        if s is not None:
+            found.append(s)
+    return found
+
+
+def test_a_rank_slower_than_the_others_by_the_margin_is_named_once_per_episode() -> None:
+    d = StragglerDetector(margin=0.5, steps=5)
+    named = []
+    for step in range(1, 80):
+        slow = 15 <= step < 40 or step >= 60
+        named += [(s.rank, step) for s in _feed(d, {0: 0.1, 1: 0.1, 2: 0.25 if slow else 0.1, 3: 0.1}, step)]
+    assert [r for r, _ in named] == [2, 2], named  # two episodes, each said once
+    first = named[0][1]
+    assert 15 + 5 <= first <= 15 + 5 + RECENT, first
+    assert d.recent()[2] == 0.25 and d.named() == [2]
+
+
+def test_even_ranks_and_tiny_steps_are_never_named() -> None:
+    d = StragglerDetector(margin=0.2, steps=3)
+    for step in range(1, 50):
+        assert not _feed(d, {0: 0.05, 1: 0.051, 2: 0.049}, step)
+    d = StragglerDetector(margin=0.2, steps=3)
+    for step in range(1, 50):
+        assert not _feed(d, {0: 0.0001, 1: 0.004}, step)  # below FLOOR: timer noise
+
+
+@given(st.lists(st.floats(0, 10, allow_nan=False), min_size=2, max_size=200), st.data())
+def test_the_median_without_one_rank_is_the_median_of_the_others(values: list[float], data) -> None:
+    import statistics
+
+    values.sort()
+    own = data.draw(st.sampled_from(values))
+    others = list(values)
+    others.remove(own)
+    assert abs(_median_without(values, own) - statistics.median(others)) < 1e-9
