@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-RECENT = 5  # step durations a rank's recent time is the median of
+from resctl.telemetry.ranks import RecentSteps
+
+RECENT = RecentSteps.RECENT  # step durations a rank's recent time is the median of
 FLOOR = 0.005  # seconds: shorter steps are not judged
 
 
@@ -49,15 +50,13 @@ class Straggler:
 
 
 class _Rank:
-    __slots__ = ("epoch", "fast", "named", "recent", "slow", "value")
+    __slots__ = ("slow", "fast", "named", "value")
 
     def __init__(self) -> None:
-        self.recent: deque[float] = deque(maxlen=RECENT)
-        self.epoch: tuple[int, int] | None = None
         self.slow = 0  # slow steps in a row
         self.fast = 0  # steps within the margin in a row since it was named
         self.named = False
-        self.value = 0.0  # median of `recent`
+        self.value: float | None = None  # recent step time, once RECENT steps of the epoch are in
 
 
 class StragglerDetector:
@@ -67,6 +66,7 @@ class StragglerDetector:
         self.factor = 1.0 + margin
         self.steps = steps
         self.ranks: dict[int, _Rank] = {}
+        self.times = RecentSteps()
         self.named_total = 0
         self._sorted: list[float] = []  # every rank's recent time, refreshed about once a job step
         self._fed = 0
@@ -75,23 +75,20 @@ class StragglerDetector:
         r = self.ranks.get(e["rank"])
         if r is None:
             r = self.ranks[e["rank"]] = _Rank()
-        epoch = (e["cycle"], e["iteration"])
-        if epoch != r.epoch:  # a new cycle or iteration: its first step held the start
-            r.epoch, r.slow, r.fast = epoch, 0, 0
-            r.recent.clear()
+        value = self.times.feed(e)
+        if value is None or not self.times.full(e["rank"]):  # a new epoch: its first steps held the start
+            if value is None:
+                r.slow, r.fast, r.value = 0, 0, None
             return None
-        r.recent.append(e["duration"])
-        r.value = statistics.median(r.recent)
+        r.value = value
         self._fed += 1
         if self._fed >= len(self.ranks):  # O(ranks log ranks) per job step, not per rank step
             self._fed = 0
-            self._sorted = sorted(o.value for o in self.ranks.values() if len(o.recent) >= RECENT)
-        if len(r.recent) < RECENT:
-            return None
-        median = _median_without(self._sorted, r.value)
+            self._sorted = sorted(o.value for o in self.ranks.values() if o.value is not None)
+        median = _median_without(self._sorted, value)
         if median is None:
             return None
-        if median < FLOOR or r.value <= self.factor * median:
+        if median < FLOOR or value <= self.factor * median:
             r.slow = 0
             if r.named:
                 r.fast += 1
@@ -104,11 +101,11 @@ class StragglerDetector:
             return None
         r.named = True
         self.named_total += 1
-        return Straggler(e["rank"], e["step"], r.value, median, r.slow, e["cycle"], e["iteration"], e["t"])
+        return Straggler(e["rank"], e["step"], value, median, r.slow, e["cycle"], e["iteration"], e["t"])
 
     def recent(self) -> dict[int, float]:
-        """rank -> its recent step time (ranks with at least one judged step)."""
-        return {rank: r.value for rank, r in sorted(self.ranks.items()) if r.recent}
+        """rank -> its recent step time."""
+        return self.times.recent()
 
     def named(self) -> list[int]:
         """Ranks named now (not yet recovered)."""

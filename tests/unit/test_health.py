@@ -138,3 +138,48 @@ def test_the_median_without_one_rank_is_the_median_of_the_others(values: list[fl
     others = list(values)
     others.remove(own)
     assert abs(_median_without(values, own) - statistics.median(others)) < 1e-9
+
+
+def _uneven_run(run_dir: Path) -> None:
+    """Three ranks of 0.1 s steps; rank 2's steps take 0.3 s from step 10, and the watch named it."""
+    for rank in range(3):
+        log = EventLog(run_dir, rank)
+        for step in range(1, 31):
+            log.step(step, 0.3 if rank == 2 and step >= 10 else 0.1)
+        if rank == 2:
+            log.emit("straggler", step=20, seconds=0.3, median=0.1, ratio=3.0, steps=8, margin=0.5)
+        log.close()
+
+
+def test_the_report_table_and_the_metrics_show_each_ranks_step_time_and_the_named_one(tmp_path: Path) -> None:
+    from resctl.telemetry.events import read_run
+    from resctl.telemetry.metrics import RunCollector
+    from resctl.telemetry.ranks import RankSteps
+
+    _uneven_run(tmp_path)
+    table = RankSteps()
+    list(table.watch(read_run(tmp_path)))
+    rows = {r["rank"]: r for r in table.rows()}
+    assert rows[0]["steps"] == 29 and abs(rows[0]["median_s"] - 0.1) < 0.002
+    assert abs(rows[2]["ratio"] - 3.0) < 0.1 and rows[2]["straggler_events"] == 1 and rows[2]["named_at_step"] == 20
+    assert rows[0]["straggler_events"] == 0
+
+    collector = RunCollector(tmp_path)
+    collector.update()
+    families = {f.name: f for f in collector.collect()}
+    assert families["resctl_stragglers"].samples[0].value == 1
+    per_rank = {s.labels["rank"]: s.value for s in families["resctl_rank_step_seconds"].samples}
+    assert per_rank == {"0": 0.1, "1": 0.1, "2": 0.3}
+
+
+def test_the_report_names_the_straggler_in_its_per_rank_table(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from resctl.cli import app
+
+    _uneven_run(tmp_path)
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "step time per rank" in result.output and "named x1 (step 20)" in result.output
+    doc = CliRunner().invoke(app, ["report", str(tmp_path), "--json"])
+    assert json.loads(doc.stdout)["rank_steps"][2]["straggler_events"] == 1
