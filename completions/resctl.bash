@@ -14,7 +14,7 @@ _resctl() {
     case "$path" in
         "") words="doctor profile report run tune-interval --version --help" ;;
         "run") words="--dry-run --duplicate-stderr-filters --duplicate-stdout-filters --duplicate_stderr_filters --duplicate_stdout_filters --event-log-handler --event_log_handler --local-addr --local-ranks-filter --local_addr --local_ranks_filter --log-dir --log_dir --logs-specs --logs_specs --master-addr --master-port --master_addr --master_port --max-restarts --max_restarts --metrics-addr --metrics-port --module --monitor-interval --monitor_interval --nnodes --no-python --no_python --node-rank --node_rank --nproc-per-node --nproc_per_node --numa-binding --numa_binding --preflight --profile --rdzv-backend --rdzv-conf --rdzv-endpoint --rdzv-id --rdzv_backend --rdzv_conf --rdzv_endpoint --rdzv_id --redirects --role --run-dir --run-path --run_path --set --shutdown-timeout --shutdown_timeout --signals-to-handle --signals_to_handle --standalone --start-method --start_method --tee --verbose --virtual-local-rank --virtual_local_rank -m -p -r -t -v --help" ;;
-        "doctor") words="--deep --dir --json --only --profile --root --set --skip --storage-mb --strict -p --help" ;;
+        "doctor") words="--cluster --deep --dir --json --only --profile --root --set --skip --storage-mb --strict -p --help" ;;
         "tune-interval") words="--async --from-run --headroom --interval --json --max-overhead --mem-commit --mem-stall --memory-every --mtbf --node-mtbf --nodes --restart --stall --state-size --step-time --sync --toml --write-bw --write-profile --write-slowdown --write-time --help" ;;
         "report") words="--html --json --help" ;;
         "profile show") words="--json --profile --set -p --help" ;;

@@ -42,7 +42,7 @@ def load_analysis(run_dir: Path) -> Any:
         analysis = analyze_stream(per_rank.watch(read_run(run_dir, stats)), plan if isinstance(plan, dict) else None,
                                   ref=reference_rank(ranks))
         analysis.damaged_lines = stats.damaged
-        analysis.rank_steps = per_rank.rows()
+        analysis.rank_steps = per_rank.rows()  # type: ignore[attr-defined]  # report's own addition
         return analysis
     except OSError as err:
         raise UsageError(f"{run_dir}: cannot read the events: {err}") from None

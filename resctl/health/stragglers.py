@@ -71,7 +71,7 @@ class StragglerDetector:
         self._sorted: list[float] = []  # every rank's recent time, refreshed about once a job step
         self._fed = 0
 
-    def feed(self, e: Mapping[str, Any]) -> Straggler | None:
+    def feed(self, e: dict[str, Any]) -> Straggler | None:
         r = self.ranks.get(e["rank"])
         if r is None:
             r = self.ranks[e["rank"]] = _Rank()

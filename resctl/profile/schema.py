@@ -259,6 +259,11 @@ class Launch(Section):
         description="Address the metrics endpoint listens on: 0.0.0.0 (every IPv4 interface, so a pod's Prometheus "
         "scrape of the pod IP reaches it), :: for IPv6, 127.0.0.1 to keep it on the node (docs/security.md).",
     )
+    preflight: Literal["off", "cluster"] = Field(
+        "off", description="cluster: before the launcher starts, every node meets the others and runs real "
+        "collectives (gloo on CPU, NCCL on GPU) in pairs and all together and a matmul per device; slow or broken "
+        "nodes are named and, by health.preflight_policy, fail the job or are left out (docs/doctor.md).",
+    )
     use_shim: bool = Field(True, description="Start workers through resctl.shim (heartbeats, checkpoints, restarts).")
     nvrx_version: Annotated[str, AfterValidator(_check_version)] = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
 
@@ -426,9 +431,9 @@ class Doctor(Section):
 
 
 class Health(Section):
-    """Cluster health that acts (docs/recovery.md, "Health"): restarts that make no progress stop the job,
-    ranks slower than the others are named. Both run in the `resctl run` process, from the events the
-    workers already write: no per-step cost in the workers."""
+    """Cluster health that acts (docs/recovery.md, "Health"; docs/doctor.md, "Cluster preflight"): restarts that
+    make no progress stop the job, ranks slower than the others are named (both from the events the workers
+    already write: no per-step cost), the cluster preflight's verdicts are acted on."""
 
     no_progress_cycles: int = Field(
         0, ge=0,
@@ -448,6 +453,25 @@ class Health(Section):
         20, ge=2, le=100000,
         description="Consecutive steps a rank must stay beyond the margin before it is named (once per episode).",
     )
+    preflight_policy: Literal["fail", "exclude", "warn"] = Field(
+        "fail", description="What a cluster preflight that names slow or broken nodes does: fail (every node exits "
+        "1), exclude (those nodes exit 94 and the others train, when enough are left for launch.nnodes' minimum; "
+        "else fail), warn (name them and train on all).",
+    )
+    preflight_margin: float = Field(
+        0.5, gt=0, le=100, description="A node is slow when its matmul rate or its links' bandwidth is worse than "
+        "the other nodes' median by this much (0.5: 1.5x slower).",
+    )
+    preflight_min_gbps: Optional[float] = Field(
+        None, gt=0, description="Lowest bandwidth (GB/s) a link between two nodes may have; also judges the one "
+        "link of a two-node job, where no median of other nodes exists. Empty: only relative to the others.",
+    )
+    preflight_mb: int = Field(0, ge=0, le=4096, description="MB each bandwidth test sends; 0: 8 on CPU (gloo), 256 on GPU (NCCL).")
+    preflight_timeout: Duration = Field(
+        60.0, gt=0, description="Time the nodes have to meet for the preflight; a node that has not joined by then "
+        "is named broken.",
+    )
+    preflight_port: int = Field(0, ge=0, le=65535, description="Port of the preflight's store on the rendezvous host; 0: launch.rdzv_port + 1.")
 
 
 class Fault(Section):

@@ -183,3 +183,71 @@ def test_the_report_names_the_straggler_in_its_per_rank_table(tmp_path: Path) ->
     assert "step time per rank" in result.output and "named x1 (step 20)" in result.output
     doc = CliRunner().invoke(app, ["report", str(tmp_path), "--json"])
     assert json.loads(doc.stdout)["rank_steps"][2]["straggler_events"] == 1
+
+
+def _cfg(**kw):
+    from resctl.health.preflight import Config
+
+    base = dict(host="h", port=1, nnodes_min=4, nnodes_max=4, is_host=True, node_rank=0, margin=0.5)
+    return Config(**{**base, **kw})
+
+
+def _results(n: int, gflops: dict[int, float] | None = None, slow_link: int | None = None) -> dict[int, dict]:
+    out: dict[int, dict] = {r: {"gflops": (gflops or {}).get(r, 100.0), "pairs": {}, "all_gbps": 1.0,
+                                "all_latency_ms": 0.1} for r in range(n)}
+    for a in range(n):
+        for b in range(a + 1, n):
+            out[a]["pairs"][str(b)] = {"gbps": 0.05 if slow_link in (a, b) else 1.0, "latency_ms": 0.1}
+    return out
+
+
+def test_the_judge_names_a_slow_link_and_a_slow_device_with_their_numbers() -> None:
+    from resctl.health.preflight import judge
+
+    v = judge(_cfg(), [0, 1, 2, 3], _results(4, {3: 20.0}, slow_link=2), {r: f"n{r}" for r in range(4)})
+    status = {n["rank"]: n["status"] for n in v.nodes}
+    assert status == {0: "ok", 1: "ok", 2: "slow", 3: "slow"} and v.action == "fail"
+    why = {n["rank"]: n["why"] for n in v.nodes}
+    assert "links 0.05 GB/s vs the others' 1" in why[2] and "matmul 20 GFLOP/s vs the others' 100" in why[3]
+
+
+def test_exclusion_leaves_out_the_bad_nodes_only_when_enough_are_left() -> None:
+    from resctl.health.preflight import judge
+
+    hosts = {r: f"n{r}" for r in range(3)}
+    v = judge(_cfg(policy="exclude", nnodes_min=2, nnodes_max=3), [0, 1, 2], _results(3, {1: 10.0}), hosts)
+    assert v.action == "exclude" and v.excluded == [1]
+    v = judge(_cfg(policy="exclude", nnodes_min=3, nnodes_max=3), [0, 1, 2], _results(3, {1: 10.0}), hosts)
+    assert v.action == "fail" and "fewer than launch.nnodes' minimum 3" in v.message
+    v = judge(_cfg(policy="warn", nnodes_min=3, nnodes_max=3), [0, 1, 2], _results(3, {1: 10.0}), hosts)
+    assert v.action == "ok" and "warn" in v.message
+
+
+def test_a_node_that_never_joined_or_failed_a_test_is_broken() -> None:
+    from resctl.health.preflight import judge
+
+    results = _results(3)
+    results[1] = {"error": "RuntimeError: connection reset"}
+    v = judge(_cfg(nnodes_min=3, nnodes_max=4, policy="exclude"), [0, 1, 2], results, {0: "a", 1: "b", 2: "c"})
+    rows = {n["rank"]: n for n in v.nodes}
+    assert rows[1]["status"] == "broken" and "connection reset" in rows[1]["why"]
+    assert rows[3]["status"] == "broken" and "did not join" in rows[3]["why"]
+    assert v.action == "fail"  # two good nodes left, fewer than the minimum of 3
+
+
+def test_two_nodes_share_their_one_link_so_only_an_absolute_floor_judges_it() -> None:
+    from resctl.health.preflight import judge
+
+    res = _results(2, slow_link=1)
+    assert judge(_cfg(nnodes_min=2, nnodes_max=2), [0, 1], res, {}).action == "ok"
+    v = judge(_cfg(nnodes_min=2, nnodes_max=2, min_gbps=0.5), [0, 1], res, {})
+    assert v.action == "fail" and all("under health.preflight_min_gbps" in n["why"] for n in v.nodes)
+
+
+def test_round_robin_rounds_cover_every_pair_once_with_disjoint_pairs() -> None:
+    from resctl.health.preflight import rounds
+
+    for n in range(1, 9):
+        pairs = [p for r in rounds(n) for p in r]
+        assert sorted(pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
+        assert all(len({x for p in r for x in p}) == 2 * len(r) for r in rounds(n))

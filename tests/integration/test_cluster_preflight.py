@@ -1,0 +1,70 @@
+"""The cluster preflight on network-namespace nodes: a node with a slowed link (tc tbf) and a node with a
+slowed CPU (a cgroup CPU quota) are named with their numbers by `resctl doctor --cluster`; inside
+`resctl run` (`launch.preflight = "cluster"`, `health.preflight_policy = "exclude"`, launch.nnodes = "2:3")
+the slow node leaves with exit 94 and the other two train to the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.jobs import LOCAL_PROFILE, events, wait_for
+from tests.integration.netns_cluster import Cluster, cluster
+
+pytestmark = pytest.mark.slow
+PORT = 29641
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+       "RESCTL_HEALTH_PREFLIGHT_TIMEOUT": "20s"}
+for _k in ("SLURM_JOB_ID", "JOB_COMPLETION_INDEX"):
+    ENV.pop(_k, None)
+
+
+def _node(c: Cluster, i: int, args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([*c.exec_prefix(i), sys.executable, "-m", "resctl", *args], cwd=cwd, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _common(c: Cluster, i: int, nnodes: str) -> list[str]:
+    return ["--set", f"launch.rdzv_endpoint={c.addrs[0]}:{PORT}", "--set", f"launch.nnodes={nnodes}",
+            "--set", f"launch.rdzv_id=pf{c.tag}",
+            "--set", f"launch.node_rank={i}", "--set", f"launch.local_addr={c.addrs[i]}"]
+
+
+def _finish(procs: list[subprocess.Popen[str]], timeout: float = 120) -> list[tuple[int, str]]:
+    out = []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            text, _ = p.communicate()
+        out.append((p.returncode, text))
+    return out
+
+
+def test_doctor_cluster_names_the_node_with_a_slow_link_and_the_node_with_a_slow_cpu(tmp_path: Path) -> None:
+    with cluster(4) as c:
+        c.slow_link(2)
+        began = time.monotonic()
+        procs = [_node(c, i, ["doctor", "--cluster", "--json", *_common(c, i, "4")], tmp_path) for i in range(4)]
+        # Node 3's CPU is slowed once it has joined (its store connection is up): slowed from the start, its
+        # interpreter and torch import alone would outlast the join on a loaded 2-core box.
+        joined = wait_for(lambda: c.connected(3, PORT + 1), 90, "node 3 to reach the preflight's store", procs[3])
+        c.slow_cpu(joined[0], quota=0.03)
+        results = _finish(procs)
+        wall = time.monotonic() - began
+    codes = [code for code, _ in results]
+    assert codes[3] != 2, results[3][1][-2000:]
+    assert codes == [1, 1, 1, 1], results[0][1][-3000:]
+    doc = json.loads(results[0][1][results[0][1].index("{"):])
+    status = {n["rank"]: n["status"] for n in doc["nodes"]}
+    assert status == {0: "ok", 1: "ok", 2: "slow", 3: "slow"}, [(n["why"], n["gflops"]) for n in doc["nodes"]]
+    why = {n["rank"]: n["why"] for n in doc["nodes"]}
+    assert "links" in why[2] and "GB/s" in why[2] and "matmul" in why[3], why
+    print(f"preflight at 4 nodes: {doc['seconds']:.2f} s in the preflight, {wall:.1f} s wall (interpreters, torch)")
