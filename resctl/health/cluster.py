@@ -23,7 +23,13 @@ def config_for(profile: Profile, rdzv: Rendezvous) -> Config:
     host, port = split_endpoint(rdzv.endpoint, launch.rdzv_port)
     low, high = nnodes_range(rdzv.nnodes or launch.nnodes)
     node_rank = launch.node_rank if launch.node_rank is not None else rdzv.node_rank
-    is_host = rdzv.is_host if rdzv.is_host is not None else (node_rank == 0 if node_rank is not None else _is_local(host))
+    told = launch.rdzv_conf.get("is_host", "").strip().lower()
+    if told in ("1", "true", "0", "false"):
+        is_host = told in ("1", "true")
+    elif rdzv.is_host is not None:
+        is_host = rdzv.is_host
+    else:
+        is_host = node_rank == 0 if node_rank is not None else _is_local(host)
     return Config(host=host, port=health.preflight_port or port + 1, nnodes_min=low, nnodes_max=high,
                   is_host=is_host, node_rank=node_rank, policy=health.preflight_policy, margin=health.preflight_margin,
                   min_gbps=health.preflight_min_gbps, mb=health.preflight_mb, timeout=health.preflight_timeout)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import LOCAL_PROFILE, events, wait_for
+from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, wait_for
 from tests.integration.netns_cluster import Cluster, cluster
 
 pytestmark = pytest.mark.slow
@@ -68,3 +68,29 @@ def test_doctor_cluster_names_the_node_with_a_slow_link_and_the_node_with_a_slow
     why = {n["rank"]: n["why"] for n in doc["nodes"]}
     assert "links" in why[2] and "GB/s" in why[2] and "matmul" in why[3], why
     print(f"preflight at 4 nodes: {doc['seconds']:.2f} s in the preflight, {wall:.1f} s wall (interpreters, torch)")
+
+
+def test_inside_run_a_slow_node_is_left_out_and_the_others_train(tmp_path: Path) -> None:
+    """launch.nnodes = "2:3", three nodes up, node 2's link slowed: the preflight leaves node 2 out (exit 94)
+    and nodes 0 and 1 train the whole run as a two-node job."""
+    run_dir = tmp_path / "run"
+    with cluster(3) as c:
+        c.slow_link(2, rate="40mbit")
+        procs = []
+        for i in range(3):
+            job = ["run", "-p", str(LOCAL_PROFILE), "--nproc-per-node", "1", *_common(c, i, "2:3"),
+                   "--set", "launch.preflight=cluster", "--set", "health.preflight_policy=exclude",
+                   "--set", "health.preflight_margin=1.0", "--rdzv-conf", f"is_host={int(i == 0)}",
+                   "--run-dir", str(run_dir), "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
+                   str(EXAMPLES / "train_ckpt.py"), "--steps", "10"]
+            env = {**ENV, "GLOO_SOCKET_IFNAME": c.dev(i)}
+            procs.append(subprocess.Popen([*c.exec_prefix(i), sys.executable, "-m", "resctl", *job], cwd=tmp_path,
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          start_new_session=True))
+        results = _finish(procs, timeout=240)
+    codes = [code for code, _ in results]
+    assert codes == [0, 0, 94], "\n---\n".join(out[-2500:] for _, out in results)
+    assert "left out by the cluster preflight" in results[2][1]
+    ranks = {e["rank"] for e in events(run_dir) if e["kind"] == "start"}
+    assert ranks == {0, 1}, ranks
+    assert max(e["step"] for e in events(run_dir) if e["kind"] == "step") == 10
