@@ -34,10 +34,16 @@ def render(console: Any, verdict: Verdict, rank: int | None) -> None:
                        style="bold red" if verdict.action == "fail" else ""))
 
 
-def preflight(resolved: Any, rdzv: Any) -> tuple[int | None, Verdict]:
+def preflight(resolved: Any, rdzv: Any, run_dir: Any = None) -> tuple[int | None, Verdict]:
+    """Run this node's part; with health.keep_out, the host node then keeps the bad nodes out (said on stderr)."""
+    from resctl.cli.render import err_console
     from resctl.health import cluster
 
-    return cluster.run(cluster.config_for(resolved.profile, rdzv))
+    cfg = cluster.config_for(resolved.profile, rdzv)
+    rank, verdict = cluster.run(cfg)
+    for line in cluster.keep_out(cfg, verdict, resolved.profile.health.keep_out, run_dir):
+        err_console.print(f"resctl: {line}", markup=False, highlight=False)
+    return rank, verdict
 
 
 def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
@@ -46,7 +52,12 @@ def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
     from resctl.cli.render import err_console
     from resctl.errors import EXIT_EXCLUDED, EXIT_FAILURE
 
-    rank, verdict = preflight(resolved, launch_plan.rendezvous)
+    try:
+        launch_plan.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # for bad-nodes.jsonl
+        run_dir = launch_plan.run_dir
+    except OSError:
+        run_dir = None  # said again, with its fix, when the launch writes its files
+    rank, verdict = preflight(resolved, launch_plan.rendezvous, run_dir)
     render(err_console, verdict, rank)
     if verdict.action == "fail":
         return EXIT_FAILURE

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from resctl.health.preflight import Config, Verdict
 from resctl.launch.rendezvous import Rendezvous
@@ -30,7 +31,10 @@ def config_for(profile: Profile, rdzv: Rendezvous) -> Config:
         is_host = rdzv.is_host
     else:
         is_host = node_rank == 0 if node_rank is not None else _is_local(host)
+    from resctl.health.placement import node_name
+
     return Config(host=host, port=health.preflight_port or port + 1, nnodes_min=low, nnodes_max=high,
+                  node_name=node_name(os.environ),
                   is_host=is_host, node_rank=node_rank, policy=health.preflight_policy, margin=health.preflight_margin,
                   min_gbps=health.preflight_min_gbps, mb=health.preflight_mb, timeout=health.preflight_timeout)
 
@@ -47,6 +51,22 @@ def _is_local(host: str) -> bool:
     except OSError:
         return False
     return bool(theirs & mine)
+
+
+def keep_out(cfg: Config, verdict: Verdict, mode: str, run_dir: Path | None = None) -> list[str]:
+    """health.keep_out after a preflight, on the host node only (one drain per bad node): every slow or
+    broken node whose name is known is kept out; a failed Slurm job is requeued to start without them."""
+    from resctl.health import placement
+
+    where = placement.scheduler(os.environ, mode)
+    if where is None or not cfg.is_host:
+        return []
+    said = [placement.keep_out(placement.BadNode(n["host"], f"preflight: {n['status']}: {n['why']}"), where,
+                               run_dir=run_dir)
+            for n in verdict.nodes if n["status"] != "ok" and n["host"] not in ("", "?")]
+    if said and where == "slurm" and verdict.action == "fail":
+        said.append(placement.requeue())
+    return said
 
 
 def run(cfg: Config) -> tuple[int | None, Verdict]:

@@ -49,6 +49,7 @@ class Config:
     is_host: bool
     node_rank: Optional[int] = None
     hostname: str = field(default_factory=socket.gethostname)
+    node_name: str = ""  # its scheduler's name for the node (Slurm node, Kubernetes node); "": the host name
     policy: str = "fail"
     margin: float = 0.5
     min_gbps: Optional[float] = None
@@ -179,7 +180,8 @@ def _join(cfg: Config, store: Any) -> tuple[int, list[int], dict[int, str], int,
     """(rank, members, rank -> host, this node's matmul turn, turns). Nodes on one machine (the same boot id:
     pods of one host, namespaces of one box) take their matmuls in turns, or they would measure each other."""
     rank = cfg.node_rank if cfg.node_rank is not None else int(store.add(PREFIX + "next", 1)) - 1
-    store.set(f"{PREFIX}join/{rank}", json.dumps({"host": cfg.hostname, "boot": _boot_id()}))
+    store.set(f"{PREFIX}join/{rank}", json.dumps({"host": cfg.hostname, "node": cfg.node_name or cfg.hostname,
+                                                  "boot": _boot_id()}))
     store.add(PREFIX + "joined", 1)
     if cfg.is_host:
         store.set(PREFIX + "members", json.dumps(_wait_for_nodes(cfg, store)))
@@ -190,7 +192,7 @@ def _join(cfg: Config, store: Any) -> tuple[int, list[int], dict[int, str], int,
     mine = info[rank]["boot"] if rank in info else ""
     turn = [r for r in members if info[r]["boot"] == mine].index(rank) if rank in info else 0
     turns = max(boots.count(b) for b in boots) if boots else 1
-    return rank, members, {r: i["host"] for r, i in info.items()}, turn, turns
+    return rank, members, {r: i["node"] for r, i in info.items()}, turn, turns
 
 
 def _wait_for_nodes(cfg: Config, store: Any) -> list[int]:

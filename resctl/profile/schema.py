@@ -472,6 +472,15 @@ class Health(Section):
         "is named broken.",
     )
     preflight_port: int = Field(0, ge=0, le=65535, description="Port of the preflight's store on the rendezvous host; 0: launch.rdzv_port + 1.")
+    keep_out: Literal["off", "auto", "slurm", "kubernetes"] = Field(
+        "off", description="Keep a bad node (named by the cluster preflight, or with health.node_fault_limit faults "
+        "in this job) out of the next placement: Slurm drains it and requeues the job, Kubernetes labels and taints "
+        "it (needs the kit's RBAC); auto picks by the environment (docs/recovery.md, \"Health -> placement\").",
+    )
+    node_fault_limit: int = Field(
+        0, ge=0, le=1000, description="Launcher cycles this node may end by its own fault (its worker died first, "
+        "or without a word) before it is kept out (health.keep_out) and its launcher stops; 0: off.",
+    )
 
 
 class Fault(Section):

@@ -251,3 +251,40 @@ def test_round_robin_rounds_cover_every_pair_once_with_disjoint_pairs() -> None:
         pairs = [p for r in rounds(n) for p in r]
         assert sorted(pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
         assert all(len({x for p in r for x in p}) == 2 * len(r) for r in rounds(n))
+
+
+def test_the_slurm_drain_command_names_the_node_and_says_why() -> None:
+    from resctl.health.placement import BadNode, drain_argv, requeue_argv, scheduler
+
+    argv = drain_argv(BadNode("n2", "preflight: slow:\n links 0.02 GB/s"))
+    assert argv == ["scontrol", "update", "nodename=n2", "state=drain", "reason=resctl: preflight: slow: links 0.02 GB/s"]
+    assert requeue_argv("17") == ["scontrol", "requeue", "17"]
+    assert scheduler({"SLURM_JOB_ID": "1"}, "auto") == "slurm"
+    assert scheduler({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "auto") == "kubernetes"
+    assert scheduler({"SLURM_JOB_ID": "1"}, "off") is None and scheduler({}, "auto") is None
+
+
+def test_the_gate_blames_the_rank_that_died_without_a_word_then_the_first_to_fault(tmp_path: Path) -> None:
+    gate = Gate(tmp_path, limit=0, fault_limit=2)
+    gate.before_cycle()
+    logs = [EventLog(tmp_path, r) for r in range(4)]
+    for log in logs:
+        log.emit("start", pid=1)
+    logs[0].emit("fault", cause="exception", error="peer closed")  # rank 2 was SIGKILLed: no record of its own
+    logs[1].emit("fault", cause="exception", error="peer closed")
+    logs[3].emit("end", status="error")
+    assert gate.before_cycle(own_ranks=[2, 3]) is None and gate.own_faults == 1
+    for log in logs:
+        log.emit("start", pid=1)
+    logs[3].emit("fault", cause="exception", error="CUDA error")  # the first to fault, then the others
+    for r in (0, 1, 2):
+        logs[r].emit("fault", cause="exception", error="peer closed")
+    assert gate.before_cycle(own_ranks=[0, 1]) is None and gate.own_faults == 1, "not this node's fault"
+    for log in logs:
+        log.emit("start", pid=1)
+    logs[0].emit("fault", cause="exception", error="peer closed")
+    logs[1].emit("fault", cause="exception", error="peer closed")
+    logs[3].emit("end", status="error")
+    verdict = gate.before_cycle(own_ranks=[2, 3])
+    assert verdict is not None and verdict.faults == 2 and verdict.ranks == [2]
+    assert "health.node_fault_limit = 2" in verdict.message()
