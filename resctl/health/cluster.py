@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Mapping
 
 from resctl.health.preflight import Config, Verdict
 from resctl.launch.rendezvous import Rendezvous
@@ -34,9 +35,23 @@ def config_for(profile: Profile, rdzv: Rendezvous) -> Config:
     from resctl.health.placement import node_name
 
     return Config(host=host, port=health.preflight_port or port + 1, nnodes_min=low, nnodes_max=high,
-                  node_name=node_name(os.environ),
+                  node_name=node_name(os.environ), expected_hosts=_expected_hosts(rdzv, os.environ),
                   is_host=is_host, node_rank=node_rank, policy=health.preflight_policy, margin=health.preflight_margin,
                   min_gbps=health.preflight_min_gbps, mb=health.preflight_mb, timeout=health.preflight_timeout)
+
+
+def _expected_hosts(rdzv: Rendezvous, env: Mapping[str, str]) -> tuple[str, ...]:
+    """rank -> node name where the scheduler says it (Slurm: the nodelist in SLURM_NODEID order), so a node
+    that never joins is named by host."""
+    from resctl.launch.rendezvous import expand_hostlist
+
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    if rdzv.source != "slurm" or not nodelist:
+        return ()
+    try:
+        return tuple(expand_hostlist(nodelist))
+    except ValueError:
+        return ()
 
 
 def _is_local(host: str) -> bool:
