@@ -7,9 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Mapping
 
 from resctl.health.preflight import Config, Verdict
 from resctl.launch.rendezvous import Rendezvous

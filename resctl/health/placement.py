@@ -26,9 +26,10 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 LABEL = "resctl.io/health"
 TAINT = "resctl.io/unhealthy"
@@ -42,7 +43,7 @@ class BadNode:
     reason: str  # one line, with the measured numbers
 
 
-def scheduler(env: Mapping[str, str], mode: str) -> Optional[str]:
+def scheduler(env: Mapping[str, str], mode: str) -> str | None:
     """slurm, kubernetes or None (keep_out off, or "auto" finding neither)."""
     if mode in ("slurm", "kubernetes"):
         return mode
@@ -94,7 +95,7 @@ def node_patch(node: Mapping[str, Any], reason: str) -> list[dict[str, Any]]:
     return ops
 
 
-def record(run_dir: Optional[Path], node: BadNode, action: str) -> None:
+def record(run_dir: Path | None, node: BadNode, action: str) -> None:
     if run_dir is None:
         return
     line = json.dumps({"t": time.time(), "host": node.host, "reason": node.reason, "action": action}) + "\n"
@@ -106,7 +107,7 @@ def record(run_dir: Optional[Path], node: BadNode, action: str) -> None:
 
 
 def keep_out(node: BadNode, where: str, env: Mapping[str, str] = os.environ,
-             run_dir: Optional[Path] = None) -> str:
+             run_dir: Path | None = None) -> str:
     """Keep `node` out of the next placement on `where` (slurm, kubernetes); one line saying what was done."""
     try:
         if where == "slurm":

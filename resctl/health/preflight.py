@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 JOIN_GRACE = 3.0  # seconds the host waits for more nodes once launch.nnodes' minimum has joined
 PREFIX = "resctl-preflight/"
@@ -47,12 +47,12 @@ class Config:
     nnodes_min: int
     nnodes_max: int
     is_host: bool
-    node_rank: Optional[int] = None
+    node_rank: int | None = None
     hostname: str = field(default_factory=socket.gethostname)
     node_name: str = ""  # its scheduler's name for the node (Slurm node, Kubernetes node); "": the host name
     policy: str = "fail"
     margin: float = 0.5
-    min_gbps: Optional[float] = None
+    min_gbps: float | None = None
     mb: int = 0
     timeout: float = 60.0
     backend: str = "auto"  # auto: nccl when CUDA is there, else gloo
@@ -65,8 +65,8 @@ class Verdict:
     nodes: list[dict[str, Any]]  # one row per node: rank, host, gflops, link_gbps, latency_ms, status, why
     excluded: list[int]
     members: list[int]  # ranks that joined
-    all_gbps: Optional[float] = None
-    all_latency_ms: Optional[float] = None
+    all_gbps: float | None = None
+    all_latency_ms: float | None = None
     seconds: float = 0.0
     backend: str = ""
     message: str = ""
@@ -83,7 +83,7 @@ class Verdict:
 
 def rounds(n: int) -> list[list[tuple[int, int]]]:
     """Every pair of 0..n-1 once, in n-1 (n even) or n (odd) rounds of disjoint pairs (the circle method)."""
-    ids: list[Optional[int]] = list(range(n)) + ([None] if n % 2 else [])
+    ids: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
     m = len(ids)
     out = []
     for _ in range(m - 1):
@@ -93,7 +93,7 @@ def rounds(n: int) -> list[list[tuple[int, int]]]:
     return out
 
 
-def _slow(value: Optional[float], others: list[float], margin: float) -> Optional[float]:
+def _slow(value: float | None, others: list[float], margin: float) -> float | None:
     """The others' median when `value` is worse than it by more than `margin` (higher is better)."""
     if value is None or not others:
         return None
@@ -197,7 +197,7 @@ def _join(cfg: Config, store: Any) -> tuple[int, list[int], dict[int, str], int,
 
 def _wait_for_nodes(cfg: Config, store: Any) -> list[int]:
     deadline = time.monotonic() + cfg.timeout
-    enough_at: Optional[float] = None
+    enough_at: float | None = None
     while True:
         n = int(store.add(PREFIX + "joined", 0))
         now = time.monotonic()
@@ -298,7 +298,7 @@ def _matmul(torch: Any, cuda: bool) -> float:
     return min(rates)
 
 
-def _gloo_interface(store_host: str) -> Optional[str]:
+def _gloo_interface(store_host: str) -> str | None:
     """The interface this node reaches the store host through (IPv4; None when unknown). gloo otherwise binds
     to what the hostname resolves to, which in a container or namespace is often loopback."""
     import fcntl

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +49,7 @@ class Straggler:
 
 
 class _Rank:
-    __slots__ = ("slow", "fast", "named", "value")
+    __slots__ = ("fast", "named", "slow", "value")
 
     def __init__(self) -> None:
         self.slow = 0  # slow steps in a row

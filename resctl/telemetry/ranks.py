@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 _WIDTH = math.log(1.02)
 

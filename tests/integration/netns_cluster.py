@@ -9,9 +9,9 @@ import shutil
 import signal
 import subprocess
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
