@@ -16,7 +16,7 @@ from pathlib import Path
 
 from resctl.health.stragglers import Straggler, StragglerDetector
 from resctl.profile.schema import Health
-from resctl.telemetry.events import EventLog, rank_files
+from resctl.telemetry.events import EventLog
 from resctl.telemetry.metrics import EventTail
 
 EVERY = 0.5
@@ -28,8 +28,7 @@ class Watch:
         self.health = health
         self.on_event = on_event
         self.tail = EventTail(run_dir)
-        for path in rank_files(run_dir).values():  # an earlier run's lines (a requeue reuses the run dir)
-            self.tail._offsets[path] = path.stat().st_size
+        self.tail.skip_existing()  # an earlier run's lines (a requeue reuses the run dir)
         self.stragglers = StragglerDetector(health.straggler_margin, health.straggler_steps)
         self.named: list[Straggler] = []
         self.launcher_pid: int | None = None

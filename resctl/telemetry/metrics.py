@@ -53,6 +53,14 @@ class EventTail:
         self._offsets: dict[Path, int] = {}
         self._lines: dict[Path, int] = {}
 
+    def skip_existing(self) -> None:
+        """Start at the current end of every file (a reader that wants only what is appended from now on)."""
+        for path in rank_files(self.run_dir).values():
+            try:
+                self._offsets[path] = path.stat().st_size
+            except OSError:
+                pass
+
     def batches(self) -> Iterator[list[Event]]:
         """The valid records appended since the last call, in batches of at most `BATCH_BYTES` of each
         file, each merged by time (memory stays bounded however long the backlog)."""
