@@ -19,6 +19,9 @@ Functions (all act on the module's default `Checkpointer`):
 - `load(state) -> int`, `save(state, step)`, `maybe_save(state, step) -> bool`,
   `save_final() -> int | None`, `wait()`, `get() -> Checkpointer`.
 
+A DataLoader or sampler in `state` is saved as its data position and resumed mid-epoch (the next
+pass yields the batches the uninterrupted run would have; `resctl.checkpoint.dataposition`); with
+the profile's `checkpoint.data_position = true` every loader of the script is, with no edit.
 Values in `state` with `state_dict()`/`load_state_dict()` go through them; other values are
 saved as they are and replaced on load. Only tensors, containers and plain values may be in
 the state: loading is always `weights_only=True`. A checkpoint becomes visible only when
@@ -29,9 +32,15 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, MutableMapping
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
 
-from resctl.checkpoint.errors import CheckpointDirInUse, CheckpointError, CheckpointMismatch, SaveFailuresExceeded
+from resctl.checkpoint.errors import (
+    CheckpointDirInUse,
+    CheckpointError,
+    CheckpointMismatch,
+    SaveFailuresExceeded,
+)
 
 if TYPE_CHECKING:  # the engine imports torch: loaded on first use, so `resctl run` can check a dir without it
     from resctl.checkpoint.engine import Checkpointer
@@ -52,7 +61,7 @@ __all__ = [
     "wait",
 ]
 
-_default: "Checkpointer | None" = None
+_default: Checkpointer | None = None
 _lock = threading.Lock()
 
 
@@ -75,11 +84,11 @@ def configure(
     recycle: bool = True,
     rank: int | None = None,
     world_size: int | None = None,
-    events: "EventLog | None" = None,
+    events: EventLog | None = None,
     heartbeat: Callable[[], None] | None = None,
     max_failed_saves: int = 3,
     memory_every: int = 0,
-) -> "Checkpointer":
+) -> Checkpointer:
     """Set (and return) the default Checkpointer; a previous one finishes its writes first."""
     from resctl.checkpoint.engine import Checkpointer
 
@@ -101,7 +110,7 @@ def configure(
     return set_default(new)
 
 
-def set_default(checkpointer: "Checkpointer") -> "Checkpointer":
+def set_default(checkpointer: Checkpointer) -> Checkpointer:
     """Install an existing Checkpointer (e.g. `Checkpointer.from_section(...)`) as the default."""
     global _default
     with _lock:
@@ -111,7 +120,7 @@ def set_default(checkpointer: "Checkpointer") -> "Checkpointer":
     return checkpointer
 
 
-def get() -> "Checkpointer":
+def get() -> Checkpointer:
     """The default Checkpointer, configured with defaults (`dir="checkpoints"`) on first use."""
     from resctl.checkpoint.engine import Checkpointer
 
@@ -124,17 +133,27 @@ def get() -> "Checkpointer":
 
 def load(state: MutableMapping[str, Any]) -> int:
     """Restore the newest valid checkpoint into `state` in place; return its step (0: none)."""
-    return get().load(state)
+    from resctl.checkpoint import dataposition
+
+    full = dataposition.with_positions(state)
+    step = get().load(full)
+    if full is not state:
+        dataposition.copy_back(full, state)
+    return step
 
 
 def save(state: MutableMapping[str, Any], step: int) -> None:
     """Save `state` as `step` now (returns once staged when async)."""
-    get().save(state, step)
+    from resctl.checkpoint import dataposition
+
+    get().save(dataposition.with_positions(state), step)
 
 
 def maybe_save(state: MutableMapping[str, Any], step: int) -> bool:
     """Save when `step % interval_steps == 0`; return whether it saved."""
-    return get().maybe_save(state, step)
+    from resctl.checkpoint import dataposition
+
+    return get().maybe_save(dataposition.with_positions(state), step)
 
 
 def save_final() -> int | None:

@@ -11,6 +11,12 @@
   the sidecar (if there is one) and raises `CheckpointError` on a size or checksum mismatch.
 - Every other call (other paths, file objects, BytesIO) goes straight to torch.
 
+`EXTRAS` adds state of resctl's own beside every snapshot (the data position, with
+`checkpoint.data_position`): each `produce()` runs when torch.save is called, the values go to
+`<path>.resctl-extra-<CRC32 of the file>.pt` (with its own sidecar), renamed into place before the
+file, so it belongs to exactly one version of it; a verified torch.load of the path hands each value
+to its `consume`. Extras of older versions are removed after the rename.
+
 Temp files of writes that a kill interrupted (`.<name>.resctl-tmp-*`) are removed from the glob's
 directory at `install` and from any directory before the first write into it.
 
@@ -40,6 +46,9 @@ from resctl.checkpoint.engine import Checkpointer
 from resctl.checkpoint.errors import CheckpointError
 
 SIDECAR_SUFFIX = ".resctl.json"
+EXTRA_MARK = ".resctl-extra-"
+#: name -> (produce() -> a weights_only-safe value, consume(value)): saved beside every snapshot.
+EXTRAS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
 TMP_MARK = ".resctl-tmp-"
 _cleaned_dirs: set[str] = set()
 # Temp files older than this process are leftovers of a killed one; newer ones may be another live
@@ -77,6 +86,9 @@ def install(glob: str, checkpointer: Checkpointer | None = None) -> None:
             if checkpointer.pending_path() == path:
                 checkpointer.wait()
             verify(path)
+            obj = orig_load(f, *args, **kwargs)
+            _consume_extras(path, orig_load)
+            return obj
         return orig_load(f, *args, **kwargs)
 
     save.__doc__ = orig_save.__doc__
@@ -143,6 +155,59 @@ def verify(path: Path) -> None:
         )
 
 
+def extra_path(path: Path, crc: int) -> Path:
+    """Where the extras of the version of `path` with checksum `crc` are kept."""
+    return path.with_name(f"{path.name}{EXTRA_MARK}{crc:08x}.pt")
+
+
+def _consume_extras(path: Path, orig_load: Callable[..., Any]) -> None:
+    """Hand the values saved beside this version of `path` (verified) to `EXTRAS`."""
+    if not EXTRAS:
+        return
+    try:
+        entry = fmt.read_manifest(sidecar(path), path.name).files.get(path.name)
+    except fmt.CorruptCheckpoint:
+        return
+    if entry is None or entry.crc32 is None or not extra_path(path, entry.crc32).exists():
+        return
+    extra = extra_path(path, entry.crc32)
+    verify(extra)
+    values = orig_load(extra, weights_only=True)
+    for name, (_, consume) in EXTRAS.items():
+        if name in values:
+            consume(values[name])
+
+
+def _write_extra(path: Path, crc: int, data: bytes, tag: str) -> None:
+    """The extras of the version of `path` with checksum `crc`, complete before that version appears."""
+    extra = extra_path(path, crc)
+    tmp = path.with_name(f".{extra.name}{TMP_MARK}{tag}")
+    tmp_manifest = path.with_name(f".{extra.name}{TMP_MARK}{tag}.json")
+    try:
+        size, ecrc = fmt.write_file(tmp, [memoryview(data)], None)
+        fmt.write_manifest(tmp_manifest, fmt.Manifest("file", None, {extra.name: fmt.FileEntry(size, ecrc)},
+                                                      created=time.time()))
+        os.rename(tmp, extra)
+        os.rename(tmp_manifest, sidecar(extra))
+    finally:
+        for leftover in (tmp, tmp_manifest):
+            if leftover.exists():
+                os.unlink(leftover)
+
+
+def _remove_old_extras(path: Path, keep: int | None) -> None:
+    for old in path.parent.glob(f"{glob_escape(path.name)}{EXTRA_MARK}*"):
+        if keep is None or not old.name.startswith(extra_path(path, keep).name):
+            try:
+                os.unlink(old)
+            except FileNotFoundError:
+                pass
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
 def _matching_path(f: Any, glob: str) -> Path | None:
     if not isinstance(f, (str, os.PathLike)):
         return None
@@ -205,6 +270,12 @@ def _save_path(
     staged_at = time.monotonic()
     step = _guess_step(obj)
     fail = ckpt.take_injected_failure()
+    extras = {name: produce() for name, (produce, _) in EXTRAS.items()}
+    extra_bytes = b""
+    if extras:
+        buf = io.BytesIO()
+        orig_save(extras, buf)
+        extra_bytes = buf.getvalue()
 
     def job() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,6 +294,8 @@ def _save_path(
                 size, crc = fmt.file_crc(tmp)  # just written: read back from the page cache
             if fail is not None:
                 raise RuntimeError(fail)
+            if extra_bytes:
+                _write_extra(path, crc, extra_bytes, tag)
             manifest = fmt.Manifest("file", step, {path.name: fmt.FileEntry(size, crc)}, created=time.time(),
                                     run_id=ckpt.run_id)
             fmt.write_manifest(tmp_manifest, manifest)
@@ -234,6 +307,8 @@ def _save_path(
             os.rename(tmp, path)
             os.rename(tmp_manifest, sidecar(path))
             fmt.fsync_dir(path.parent)
+            if extra_bytes or EXTRAS:
+                _remove_old_extras(path, crc if extra_bytes else None)
         except BaseException:
             for leftover in (tmp, tmp_manifest):
                 try:

@@ -35,7 +35,9 @@ def doctor(
     root: Annotated[Path, typer.Option("--root", help="Read /sys, /proc, /dev and nvml.json under this node snapshot instead of this machine.")] = Path("/"),
     cluster: Annotated[bool, typer.Option("--cluster", help="Run on every node at once: collectives in pairs and all together, a matmul per device; names slow or broken nodes (docs/doctor.md).")] = False,
 ) -> None:
-    """Check that this node is fit to train: GPUs, NVLink, EFA, storage, /dev/shm, memlock, env, DNS, clock, memory.
+    """Check that this node is fit to train.
+
+    GPUs, NVLink, EFA, storage, /dev/shm, memlock, env, DNS, clock, memory.
 
     Probes: gpu, nvlink, efa, storage, shm, memlock, env, dns, clock, memory.
     """
@@ -117,6 +119,11 @@ class _progress:
             self.bar.stop()
 
 
+def expected_unit(check: Any) -> str:
+    """" GB" after an expected 1.0, as after the measured value; nothing after words ("1 or unset")."""
+    return f" {check.unit}" if check.unit and isinstance(check.expected, (int, float)) else ""
+
+
 def _table(console: Any, report: Any, strict: bool) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -124,19 +131,27 @@ def _table(console: Any, report: Any, strict: bool) -> None:
     e = report.expectations
     title = f"resctl doctor: {report.host}" + (f" ({e['instance_type']}, {e['instance_source']})"
                                                if e.get("instance_type") else "")
-    table = Table("probe", "check", "status", "measured", "expected", "detail", title=title, title_justify="left")
+    table = Table(title=title, title_justify="left")
+    table.add_column("check", no_wrap=True)  # probe.check in one column: the detail gets the width
+    table.add_column("status", no_wrap=True)
+    # the detail names what to set (TORCH_NCCL_ASYNC_ERROR_HANDLING=...): on a 100-column terminal
+    # it keeps room for such a name whole, as measured and expected wrap first; nothing is cut
+    table.add_column("measured", overflow="fold", max_width=12)
+    table.add_column("expected", overflow="fold", max_width=12)
+    table.add_column("detail", overflow="fold")
     for i, probe in enumerate(report.probes):
         if i:
             table.add_section()
-        for j, c in enumerate(probe.checks):
+        for c in probe.checks:
             unit = f" {c.unit}" if c.unit and c.measured is not None else ""
             detail = Text(c.message)
             if c.fix:
                 detail.append(f"\nfix: {c.fix}", style="cyan")
-            table.add_row(probe.probe if j == 0 else "", c.name, Text(c.status.value, style=STYLE[c.status.value]),
+            table.add_row(probe.probe if c.name == "-" else f"{probe.probe}.{c.name}",
+                          Text(c.status.value, style=STYLE[c.status.value]),
                           "" if c.measured is None else f"{c.measured}{unit}",
-                          "" if c.expected is None else str(c.expected), detail)
-    console.print(table)
+                          "" if c.expected is None else f"{c.expected}{expected_unit(c)}", detail)
+    console.print(table, soft_wrap=False)  # soft wrap would let a table run past the terminal's width
     counts = report.counts()
     verdict = "FIT" if report.exit_code(strict) == 0 else "NOT FIT"
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)

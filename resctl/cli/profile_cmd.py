@@ -71,14 +71,22 @@ def init(
 
 @app.command("validate", epilog="Example: resctl profile validate examples/profiles/eks-p5.toml")
 def validate(path: Annotated[Path, typer.Argument(help="Profile file to check.")]) -> None:
-    """Check a profile file with every rule `resctl run` applies (no environment or flags), and that its
-    grace periods nest; exit 2 with every problem."""
+    """Check a profile file as `resctl run` would.
+
+    Every rule `resctl run` applies (no environment or flags), and that its grace periods nest;
+    exit 2 with every problem.
+    """
     from resctl.errors import ProfileError
     from resctl.launch.execute import nvrx_version
     from resctl.profile import grace
     from resctl.profile.load import resolve
 
-    resolved = resolve(path, use_env=False)
+    try:
+        resolved = resolve(path, use_env=False)
+    except ProfileError as err:  # every problem in one pass: the grace rules too, on the keys that are valid
+        if err.partial is None:
+            raise
+        raise ProfileError(err.problems + grace.problems(err.partial, str(path))) from None  # type: ignore[arg-type]
     nvrx_version(resolved)  # the launcher's own rules (restart policy of the NVRx version), as `run` checks them
     problems = grace.problems(resolved.profile, str(path))
     if problems:

@@ -56,7 +56,10 @@ def report(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
     html: Annotated[Optional[Path], typer.Option("--html", help="Also write a self-contained HTML report with plots.")] = None,
 ) -> None:
-    """Training and infrastructure goodput, per-fault recovery, rollback and checkpoint freshness of a run."""
+    """Goodput and recovery of a run: text, JSON or HTML.
+
+    Training and infrastructure goodput, per-fault recovery, rollback and checkpoint freshness.
+    """
     from resctl.cli.render import info
     from resctl.errors import UsageError
 

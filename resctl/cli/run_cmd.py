@@ -30,7 +30,10 @@ def run(
     verbose: Annotated[bool, Opt("-v", "--verbose", help="Show the launcher's and rank monitors' log on the console (else <run_dir>/launcher.log).")] = False,
     **flags: object,  # torchrun's flags: resctl.cli.torchrun_flags.FLAGS (see __signature__ below)
 ) -> None:
-    """Start SCRIPT on every worker under NVRx ft_launcher, with resctl's profile and shim."""
+    """Start SCRIPT on every worker, as torchrun does.
+
+    The workers run under NVRx ft_launcher, with resctl's profile and shim.
+    """
     from resctl.cli.render import info
     from resctl.errors import UsageError
     from resctl.launch import execute

@@ -10,7 +10,8 @@ Where a flag goes (`Flag.to`):
 
 - `profile`: the profile key `Flag.key` (its schema documents it; `resctl run --dry-run` shows
   where every value came from). resctl's defaults are the AWS ones, not torchrun's: c10d
-  rendezvous, 3 restarts, a 5 s monitor interval (docs/profiles.md).
+  rendezvous, 3 restarts, a 5 s monitor interval; `resctl run --help` shows each flag's key and
+  default, read from the schema.
 - `launcher`: passed to ft_launcher unchanged (torchrun's meaning, ft_launcher's implementation).
 - `target`: how the worker runs the script (-m, --no-python; --run-path is what resctl's forked
   workers do anyway).
@@ -39,6 +40,16 @@ class Flag:
     type: type = str  # str, int or bool (a switch)
     check: Optional[Callable[[Any], Optional[str]]] = None  # value -> what is wrong with it, or None
     noop: Any = None  # a refused flag's value that changes nothing (torchrun's default): accepted
+    choices: tuple[str, ...] = ()  # the values it takes, when they are a fixed list (checked, completed)
+
+    def __post_init__(self) -> None:
+        if self.choices and self.check is None:
+            object.__setattr__(self, "check", _choice(*self.choices))
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """The underscore spellings torchrun also accepts: taken, but not offered by completion."""
+        return tuple(name for name in self.names if name.startswith("--") and "_" in name)
 
     @property
     def shown(self) -> str:
@@ -105,18 +116,19 @@ FLAGS: tuple[Flag, ...] = (
     Flag("node_rank", _names("node_rank"), "This node's rank (static rendezvous).", "profile", "launch.node_rank",
          int, _not_negative),
     Flag("rdzv_backend", _names("rdzv_backend"), "Rendezvous backend (ft_launcher: c10d).", "profile",
-         "launch.rdzv_backend", check=_choice("c10d")),
+         "launch.rdzv_backend", choices=("c10d",)),
     Flag("rdzv_endpoint", _names("rdzv_endpoint"), "Rendezvous HOST:PORT, or auto.", "profile", "launch.rdzv_endpoint"),
     Flag("rdzv_id", _names("rdzv_id"), "Job id shared by all nodes.", "profile", "launch.rdzv_id"),
     Flag("rdzv_conf", _names("rdzv_conf"), "Extra rendezvous settings k=v,k=v.", "profile", "launch.rdzv_conf",
          check=_key_values),
     Flag("standalone", ("--standalone",), "Single-node rendezvous on a free port.", "profile", "launch.standalone", bool),
-    Flag("max_restarts", _names("max_restarts"), "In-job restarts before failing (resctl default 3).", "profile",
+    Flag("max_restarts", _names("max_restarts"), "In-job restarts before failing.", "profile",
          "launch.max_restarts", int, _not_negative),
     Flag("monitor_interval", _names("monitor_interval"), "Launcher poll interval: seconds or 5s, 500ms "
-         "(resctl default 5s; a worker's exit is seen at once).", "profile", "launch.monitor_interval"),
-    Flag("start_method", _names("start_method"), "spawn, fork or forkserver (default: fork from the launcher).",
-         "profile", "launch.start_method", check=_choice("spawn", "fork", "forkserver")),
+         "(a worker's exit is seen at once).", "profile", "launch.monitor_interval"),
+    Flag("start_method", _names("start_method"), "fork: workers forked from the launcher, which has imported torch; spawn, "
+         "forkserver: each worker a fresh interpreter.",
+         "profile", "launch.start_method", choices=("fork", "spawn", "forkserver")),
     _refused("event_log_handler", "not in NVRx's ft_launcher (null, torchrun's default, is accepted)", noop="null"),
     Flag("role", _names("role"), "User-defined role of the workers.", "launcher"),
     Flag("module", ("-m", "--module"), "Run SCRIPT as a module (python -m).", "target", type=bool),
@@ -146,11 +158,21 @@ FLAGS: tuple[Flag, ...] = (
          "launch.run_dir"),
     Flag("metrics_port", ("--metrics-port",), "Serve Prometheus metrics on this port (0: a free one).", "resctl",
          "launch.metrics_port", int, _not_negative),
-    Flag("metrics_addr", ("--metrics-addr",), "Address metrics listen on (default 0.0.0.0; 127.0.0.1 keeps them "
-         "on the node).", "resctl", "launch.metrics_addr"),
+    Flag("metrics_addr", ("--metrics-addr",), "Address metrics listen on (127.0.0.1 keeps them on the node).", "resctl", "launch.metrics_addr"),
 )
 BY_DEST = {flag.dest: flag for flag in FLAGS}
 TORCHRUN_DESTS = tuple(flag.dest for flag in FLAGS if flag.to != "resctl")
+
+
+def help_text(flag: Flag) -> str:
+    """The flag's help; a profile flag's default and key come from the schema (one source). Read
+    when `resctl run --help` is shown (`resctl.cli.command`), so other commands never load the schema."""
+    if flag.to not in ("profile", "resctl") or flag.type is bool:
+        return flag.help
+    from resctl.profile.render import default_text
+
+    shown = default_text(flag.key)
+    return f"{flag.help} [{flag.key}" + (f", default {shown}]" if shown else "]")
 
 
 def options() -> list[inspect.Parameter]:

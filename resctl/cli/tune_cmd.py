@@ -95,7 +95,10 @@ def tune_interval(
     as_toml: Annotated[bool, Opt("--toml", help="Print the plan as a profile's [checkpoint] section on stdout.")] = False,
     write_profile: Annotated[Optional[Path], Opt("--write-profile", help="Set [checkpoint] interval_steps (and memory_every with two tiers) in this TOML profile (rest of the file kept).")] = None,
 ) -> None:
-    """Recommend checkpoint.interval_steps (and memory_every) from measured step, stall, write, snapshot and restart times."""
+    """Recommend a checkpoint interval for a job.
+
+    checkpoint.interval_steps (and memory_every) from measured step, stall, write, snapshot and restart times.
+    """
     from resctl.errors import UsageError
     from resctl.tuning.inputs import Inputs, MemoryInputs, MissingInput, assemble
     from resctl.tuning.model import recommend

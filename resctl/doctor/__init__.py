@@ -57,18 +57,23 @@ def make_context(
 
     Args:
         root: "/" probes this machine; another directory is read as a node snapshot.
-        env: the launcher's environment (default os.environ); the profile's launch.env is laid over it.
+        env: the launcher's environment (default os.environ); the profile's launch.env and what the
+            plan adds for the workers (`launch.plan.inprocess_env`) are laid over it.
         checkpoint_dir: the directory to test instead of checkpoint.dir. A relative path is taken
             from `cwd` on a live node and from the root of a snapshot.
         explicit: dotted profile keys the user set (see `expectations.resolve`).
     """
+    from resctl.launch.plan import inprocess_env
+
     root = Path(root)
     env = dict(os.environ if env is None else env)
     env.update(profile.launch.env)
+    added = inprocess_env(profile, env)  # what the plan sets for the workers (NCCL_NVLS_ENABLE=0, ...)
+    env.update(added)
     directory = checkpoint_dir or profile.checkpoint.dir
     if not os.path.isabs(directory):
         base = str(cwd or Path.cwd()) if root == Path("/") else "/"
         directory = os.path.normpath(os.path.join(base, directory))
     return Context(root=root, expect=resolve_expectations(profile, root, explicit), profile=profile, env=env,
-                   checkpoint_dir=directory, deep=deep, nvml_factory=nvml_factory,
+                   checkpoint_dir=directory, deep=deep, nvml_factory=nvml_factory, planned_env=added,
                    cuda_runtime=installed_cuda_runtime(), progress=progress)

@@ -40,7 +40,9 @@ class Context:
         root: where the node's /sys, /proc, /dev and mounts are read.
         expect: what the node should have.
         profile: the resolved profile (checkpoint dir, rendezvous, in-process settings).
-        env: the environment the workers will see: the launcher's plus the profile's launch.env.
+        env: the environment the workers will see: the launcher's plus the profile's launch.env plus
+            what the plan adds (in-process restart's NCCL settings).
+        planned_env: the part of `env` the plan adds (so a verdict can say resctl set it).
         checkpoint_dir: the directory the storage probe tests, as the job will see it.
         deep: run the GPU benchmarks (imports torch).
         nvml_factory: makes the NVML adapter; called at most once, lazily, by the first probe
@@ -56,6 +58,7 @@ class Context:
     env: Mapping[str, str]
     checkpoint_dir: str
     deep: bool = False
+    planned_env: Mapping[str, str] = field(default_factory=dict)
     nvml_factory: Optional[Callable[[], Nvml]] = None
     cuda_runtime: Optional[tuple[int, int]] = None
     progress: Optional[Progress] = None

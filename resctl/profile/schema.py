@@ -232,7 +232,10 @@ class Launch(Section):
     restart_policy: Literal["auto", "any-failed", "min-healthy"] = Field(
         "auto", description="auto picks min-healthy on NVRx 0.4 when in-process restart is on, else any-failed."
     )
-    start_method: Literal["spawn", "fork", "forkserver"] = Field("spawn", description="How the launcher starts workers.")
+    start_method: Literal["spawn", "fork", "forkserver"] = Field(
+        "fork", description="torchrun's --start-method. fork: workers are forked from the launcher (as worker_start "
+        "says); spawn or forkserver: each worker is a fresh interpreter (worker_start = \"exec\" then).",
+    )
     worker_start: Literal["fork", "exec"] = Field(
         "fork",
         description="fork: workers are forked from the launcher, which has imported torch once (in-job restarts in "
@@ -394,6 +397,12 @@ class Checkpoint(Section):
     )
     intercept_torch_save: str = Field(
         "", description="Glob of paths whose torch.save becomes an async atomic save (zero-edit checkpointing)."
+    )
+    data_position: bool = Field(
+        False, description="Save where every DataLoader of the script stands in each checkpoint (epoch, batches "
+        "consumed, sampler and RNG state) and resume mid-epoch on the batch the uninterrupted run would have seen "
+        "next, without loading the skipped samples (zero-edit; a loader in the checkpoint state is saved either "
+        "way). See docs/checkpoint.md, \"Data position\".",
     )
     save_on_sigterm: bool = Field(True, description="On SIGTERM, write a final checkpoint within the grace period.")
     sigterm_grace: Duration = Field(30.0, gt=0, description="Time the SIGTERM save may take (the ranks agree on its step within half of it).")

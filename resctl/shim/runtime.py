@@ -194,6 +194,9 @@ class Shim:
     def settle_checkpoint(self) -> None:
         """After an in-process fault: let the previous iteration's write finish; a failed one was
         never published, so it is only reported (the script's `load` takes the newest valid one)."""
+        data = sys.modules.get("resctl.checkpoint.dataposition")
+        if data is not None:  # the script's next run has its own loaders
+            data.REGISTRY.reset()
         if self.checkpointer is None:
             return
         try:
@@ -436,6 +439,11 @@ class Shim:
 
             intercept.install(self.profile.checkpoint.intercept_torch_save, self.checkpointer)
             self.patches.on_undo(intercept.uninstall)
+        if self.profile.checkpoint.data_position:  # every loader's position joins every checkpoint
+            from resctl.checkpoint import dataposition
+
+            snapshots_too = bool(self.profile.checkpoint.intercept_torch_save)
+            self.patches.on_undo(dataposition.install_auto(self.events, snapshots_too))
 
     # -- running ---------------------------------------------------------------------------
     def run_target(self, target: Target) -> None:

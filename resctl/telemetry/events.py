@@ -171,6 +171,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("source", "str", "", "checkpoint (resctl.checkpoint.load) or torch.load (a snapshot)",
               optional=True),
     ), "resctl.shim"),
+    Kind("data_position", "a data loader's position was resumed, re-split, left alone or is approximate "
+         "(checkpoint.data_position; docs/checkpoint.md)", (
+        Field("loader", "str", "", "the loader: its name in the checkpoint state, or #N (the N-th the script iterated)"),
+        Field("action", "str", "", "resumed, resplit, epoch (not fast-forwarded: the script set another epoch), "
+              "self-skip, approximate, left (a loader with its own state_dict)"),
+        Field("message", "str", "", "what the console line said"),
+    ), "resctl.checkpoint.dataposition"),
     Kind("stop", "the ranks agreed on the step of the final checkpoint of a stopped job (docs/recovery.md)", (
         Field("step", "int", "step", "the stop step: every rank saves at its first step boundary at or after it"),
         Field("at", "int", "step", "the step boundary where this rank learnt it"),

@@ -39,6 +39,7 @@ time; the Prometheus metrics feed the same `Analyzer` as lines arrive. Definitio
   step compute), over the wall time from the first `start` to the last event.
 - **Infrastructure goodput**: time the workers were up, over the same wall time. A launcher cycle
   is up from its last rank's `start` to its last event; in-process restarts keep the workers up.
+  The series gives both goodputs so far at every reference-rank step (`goodput`, `infra`).
 - **Cause of a recovery**: the fault that started it, in this order: a fault drill's (injected);
   a worker's own error; a rank that ended without any record before a launcher restart (`killed`:
   a signal, the OOM killer or a heartbeat timeout), timed at its last record; a collective error
@@ -131,6 +132,9 @@ class Calibration:
     mem_commit: float | None = None  # mean staged-to-committed time in the background
     mem_bytes: float | None = None
     memory_every: int | None = None  # from plan.json, else the most common gap between snapshots
+    #: where async_ comes from: "plan.json" (checkpoint.async), "torch.save" (the script's own saves,
+    #: which block whatever plan.json says), "" (unknown)
+    async_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,7 @@ class Sample:
     age_steps: int
     age_s: float
     kept: bool
+    infra: float = 0.0  # infrastructure goodput so far: time the workers were up / time since the start
 
 
 @dataclass
@@ -613,12 +618,16 @@ class Analyzer:
             productive += c
             steps_run += ep.track.n
 
-        up = 0.0
+        spans: list[tuple[float, float]] = []  # (begin, end) the workers of each launcher cycle were up
         for cycle in sorted({k[0] for k in order}):
             ces = [ep for ep in eps if ep.key[0] == cycle]
             starts = [ep.start_max for ep in ces if ep.start_max is not None]
             begin = max(starts) if starts else min(ep.first_t for ep in ces)
-            up += max(0.0, max(ep.last_t for ep in ces) - begin)
+            spans.append((begin, max(begin, max(ep.last_t for ep in ces))))
+        up = sum(end - begin for begin, end in spans)
+
+        def up_until(t: float) -> float:
+            return sum(max(0.0, min(t, end) - begin) for begin, end in spans)
 
         recoveries = [_recovery(a, b, t0) for a, b in zip(eps, eps[1:])]
         index = {ep.key: i for i, ep in enumerate(eps)}
@@ -627,7 +636,9 @@ class Analyzer:
             i = index[key]
             kept = step <= cutoffs[i]
             _, c = eps[i].track.upto(min(step, cutoffs[i]), mean_step)
-            points.append(Sample(t - t0, step, (kept_before[i] + c) / max(t - t0, 1e-9), age_steps, age_s, kept))
+            since = max(t - t0, 1e-9)
+            points.append(Sample(t - t0, step, (kept_before[i] + c) / since, age_steps, age_s, kept,
+                                 up_until(t) / since))
         n = self.age_n
         freshness = {
             "mean_age_steps": self.age_steps_sum / n if n else None, "max_age_steps": self.age_steps_max,
@@ -668,8 +679,9 @@ class Analyzer:
             interval = None  # the script saves when it wants: checkpoint.interval_steps does not apply
         if interval is None:
             interval = saves.interval()
+        async_source = "plan.json" if async_ is not None else ""
         if saves is self.plain and saves.count[1]:
-            async_ = False  # the script's own torch.save: every save blocks for its write
+            async_, async_source = False, "torch.save"  # the script's own torch.save: every save blocks for its write
         totals = [r.total for r in recoveries if r.total is not None]
         c0, cw, n_idle, n_busy = self._interference() if self.calibrate else (None, None, 0, 0)
         stall, waited, write, size = saves.means()
@@ -680,7 +692,7 @@ class Analyzer:
             step_time_p50=(percentile(self.samples, 50) or 0.0) if self.calibrate else mean_step,
             step_samples=self.samples_n,
             stall=stall, waited=waited, write=write, write_bytes=size,
-            saves=int(saves.count[1]), interval_steps=interval, async_=async_,
+            saves=int(saves.count[1]), interval_steps=interval, async_=async_, async_source=async_source,
             restart=sum(totals) / len(totals) if totals else None,
             unplanned_faults=sum(1 for r in recoveries if not r.injected),
             wall_s=wall, step_time_idle=c0, step_time_writing=cw,

@@ -241,9 +241,15 @@ def test_efa_env_and_memlock(tmp_path: Path) -> None:
 def test_nccl_env_with_inprocess_restart(tmp_path: Path) -> None:
     root = node("p5-healthy", tmp_path)
     on = "inprocess.enabled=true"
-    assert check(doctor(root, tmp_path, on, only=["env"]), "env.nvls").status == Status.FAIL
+    # unset: the plan sets NCCL_NVLS_ENABLE=0 for the workers, and doctor judges their environment
+    planned = check(doctor(root, tmp_path, on, only=["env"]), "env.nvls")
+    assert planned.status == Status.PASS and "set by resctl" in planned.message
+    forced = check(doctor(root, tmp_path, on, only=["env"], env={**EFA_ENV, "NCCL_NVLS_ENABLE": "1"}), "env.nvls")
+    assert forced.status == Status.FAIL and "NCCL_NVLS_ENABLE=1" in forced.message  # the plan keeps a user's value
+    in_profile = doctor(root, tmp_path, on, 'launch.env={NCCL_NVLS_ENABLE="1"}', only=["env"])
+    assert check(in_profile, "env.nvls").status == Status.FAIL  # the profile's launch.env counts
     ok = doctor(root, tmp_path, on, 'launch.env={NCCL_NVLS_ENABLE="0"}', only=["env"])
-    assert check(ok, "env.nvls").status == Status.PASS  # the profile's launch.env counts
+    assert check(ok, "env.nvls").status == Status.PASS
     bad = doctor(root, tmp_path, only=["env"], env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "NCCL_P2P_DISABLE": "1",
                                                    "CUDA_VISIBLE_DEVICES": "0,1"})
     assert {k: v for k, v in verdicts(bad).items()} == {"env.nvls": "PASS", "env.async-errors": "WARN",

@@ -87,7 +87,7 @@ def test_report_json_and_html(tmp_path: Path) -> None:
     assert page.startswith("<!DOCTYPE html>")
     assert "Plotly.newPlot" in page  # the figures, drawn by plotly.js
     assert "plotly.js v" in page  # inlined: viewable without a server or network
-    for trace in ("step (kept)", "step (rolled back)", "checkpoint durable", "fault", "training goodput"):
+    for trace in ("step (kept)", "step (rolled back)", "checkpoint durable", "fault (* drill)", "training goodput"):
         assert f'"name":"{trace}"' in page, trace
     assert "recovery time per fault" in page
 
