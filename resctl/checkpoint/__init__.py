@@ -14,8 +14,9 @@ Use it from a training script (the resctl shim configures it from the profile's
 
 Functions (all act on the module's default `Checkpointer`):
 
-- `configure(*, dir, interval_steps=100, async_=True, keep_last=2, writers=4, rank=None,
-  world_size=None, events=None, heartbeat=None, max_failed_saves=3, memory_every=0) -> Checkpointer`
+- `configure(settings=None, **options) -> Checkpointer`: options are the `[checkpoint]` keys
+  (`dir`, `interval_steps`, `async_`, `writers`, ...: defaults and checks are the profile
+  schema's) and `rank`, `world_size`, `events`, `hooks`, `heartbeat`, `run_id`, `exclusive`
 - `load(state) -> int`, `save(state, step)`, `maybe_save(state, step) -> bool`,
   `save_final() -> int | None`, `wait()`, `get() -> Checkpointer`.
 
@@ -30,9 +31,8 @@ complete, and `load` skips (and reports) incomplete or corrupt ones. See docs/ch
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from resctl.checkpoint.errors import (
@@ -44,7 +44,7 @@ from resctl.checkpoint.errors import (
 
 if TYPE_CHECKING:  # the engine imports torch: loaded on first use, so `resctl run` can check a dir without it
     from resctl.checkpoint.engine import Checkpointer
-    from resctl.telemetry.events import EventLog
+    from resctl.checkpoint.settings import Settings
 
 __all__ = [
     "CheckpointDirInUse",
@@ -73,41 +73,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def configure(
-    *,
-    dir: str | os.PathLike[str],
-    interval_steps: int = 100,
-    async_: bool = True,
-    keep_last: int = 2,
-    writers: int = 4,
-    stage: str = "host",
-    recycle: bool = True,
-    rank: int | None = None,
-    world_size: int | None = None,
-    events: EventLog | None = None,
-    heartbeat: Callable[[], None] | None = None,
-    max_failed_saves: int = 3,
-    memory_every: int = 0,
-) -> Checkpointer:
-    """Set (and return) the default Checkpointer; a previous one finishes its writes first."""
+def configure(settings: Settings | None = None, **options: Any) -> Checkpointer:
+    """Set (and return) the default Checkpointer; a previous one finishes its writes first.
+
+    Takes what `Checkpointer(...)` takes: a `[checkpoint]` section and/or its keys as keyword
+    options (`dir`, `interval_steps`, `async_`, `writers`, ...; defaults and checks: the profile
+    schema), plus `rank`, `world_size`, `events`, `hooks`, `heartbeat`, `run_id`, `exclusive`."""
     from resctl.checkpoint.engine import Checkpointer
 
-    new = Checkpointer(
-        dir=dir,
-        interval_steps=interval_steps,
-        async_=async_,
-        keep_last=keep_last,
-        writers=writers,
-        stage=stage,
-        recycle=recycle,
-        rank=rank,
-        world_size=world_size,
-        events=events,
-        heartbeat=heartbeat,
-        max_failed_saves=max_failed_saves,
-        memory_every=memory_every,
-    )
-    return set_default(new)
+    return set_default(Checkpointer(settings, **options))
 
 
 def set_default(checkpointer: Checkpointer) -> Checkpointer:

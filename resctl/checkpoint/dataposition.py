@@ -149,7 +149,7 @@ def describe_sampler(sampler: Any) -> dict[str, Any]:
                 "num_replicas": sampler.num_replicas, "rank": sampler.rank, "shuffle": sampler.shuffle,
                 "seed": sampler.seed, "drop_last": sampler.drop_last}
     if isinstance(sampler, RandomSampler):
-        return {"kind": "random", "stock": _stock(sampler, RandomSampler), "n": len(sampler.data_source),  # type: ignore[arg-type]
+        return {"kind": "random", "stock": _stock(sampler, RandomSampler), "n": len(sampler.data_source),
                 "num_samples": sampler.num_samples, "replacement": sampler.replacement}
     return {"kind": type(sampler).__name__, "stock": False}
 
@@ -161,7 +161,7 @@ def _length(obj: Any) -> int | None:
         return None
 
 
-def fingerprint(loader: DataLoader) -> str:
+def fingerprint(loader: DataLoader[Any]) -> str:
     """What must be equal for a recorded position to belong to a loader of the resumed run."""
     ds = loader.dataset
     return f"{type(ds).__name__}/{_length(ds)}/{loader.batch_size}/{type(loader.sampler).__name__}"
@@ -175,17 +175,17 @@ def _tensor(b: bytes | None) -> torch.Tensor | None:
     return None if b is None else torch.frombuffer(bytearray(b), dtype=torch.uint8)
 
 
-def _generators(loader: DataLoader) -> tuple[torch.Generator | None, torch.Generator | None]:
+def _generators(loader: DataLoader[Any]) -> tuple[torch.Generator | None, torch.Generator | None]:
     return loader.generator, getattr(loader.sampler, "generator", None)
 
 
-def _random_state(loader: DataLoader) -> dict[str, bytes | None]:
+def _random_state(loader: DataLoader[Any]) -> dict[str, bytes | None]:
     lg, sg = _generators(loader)
     return {"rng": _bytes(torch.get_rng_state()), "loader_gen": _bytes(lg.get_state()) if lg is not None else None,
             "sampler_gen": _bytes(sg.get_state()) if sg is not None and sg is not lg else None}
 
 
-def _set_generators(loader: DataLoader, states: Mapping[str, bytes | None]) -> None:
+def _set_generators(loader: DataLoader[Any], states: Mapping[str, bytes | None]) -> None:
     lg, sg = _generators(loader)
     if lg is not None and states.get("loader_gen") is not None:
         lg.set_state(_tensor(states["loader_gen"]))  # type: ignore[arg-type]
@@ -320,7 +320,7 @@ class Track:
     """One loader's position: the pass in progress and a recorded position waiting for the next pass."""
 
     key: str
-    loader_ref: weakref.ref[DataLoader]
+    loader_ref: weakref.ref[DataLoader[Any]]
     start: dict[str, Any] | None = None  # the pass's record at its start
     iter_ref: Callable[[], Any] | None = None
     offset: int = 0  # batches of the pass skipped at its start (resume)
@@ -362,7 +362,7 @@ class Track:
             record["dataset_state"] = loader.dataset.state_dict()  # type: ignore[attr-defined]
         return encode(record)
 
-    def _record_start(self, loader: DataLoader) -> dict[str, Any]:
+    def _record_start(self, loader: DataLoader[Any]) -> dict[str, Any]:
         rank, world = _world()
         return {
             "format": FORMAT, "key": self.key, "started": True, "fingerprint": fingerprint(loader),
@@ -374,7 +374,7 @@ class Track:
         }
 
     # -- resuming ------------------------------------------------------------------------
-    def begin(self, loader: DataLoader, original: Callable[[DataLoader], Any]) -> Any:
+    def begin(self, loader: DataLoader[Any], original: Callable[[DataLoader[Any]], Any]) -> Any:
         """`iter(loader)`: a new pass, continuing a recorded position when one waits."""
         pending, self.pending = self.pending, None
         plan = None if pending is None else self._plan(pending, loader)
@@ -384,7 +384,7 @@ class Track:
             return self._normal(loader, original)
         return self._resumed(loader, original, pending, plan)
 
-    def _normal(self, loader: DataLoader, original: Callable[[DataLoader], Any]) -> Any:
+    def _normal(self, loader: DataLoader[Any], original: Callable[[DataLoader[Any]], Any]) -> Any:
         self.start = self._record_start(loader)
         self.offset, self.base_global, self.resplit, self.watching, self.stepped = 0, 0, False, False, False
         self.stream_len = None if isinstance(loader.dataset, IterableDataset) else _length(loader)
@@ -396,7 +396,7 @@ class Track:
         self.iter_ref = weakref.ref(it)
         self.steps0 = _Steps.count
 
-    def _plan(self, rec: Mapping[str, Any], loader: DataLoader) -> Plan | None:
+    def _plan(self, rec: Mapping[str, Any], loader: DataLoader[Any]) -> Plan | None:
         """How to continue `rec` with `loader` (None: a fresh pass); raises DataPositionMismatch."""
         if not rec.get("started") or rec.get("done"):
             return None
@@ -444,7 +444,7 @@ class Track:
                       "checkpoint keeps rank 0's): its RandomSampler order may differ from the uninterrupted run")
         return Plan(skip=int(rec["consumed"]))
 
-    def _plan_iterable(self, rec: Mapping[str, Any], loader: DataLoader, name: str) -> Plan | None:
+    def _plan_iterable(self, rec: Mapping[str, Any], loader: DataLoader[Any], name: str) -> Plan | None:
         state = rec.get("dataset_state")
         if state is not None and is_stateful(loader.dataset) and loader.num_workers == 0:
             loader.dataset.load_state_dict(state)  # type: ignore[attr-defined]
@@ -457,7 +457,7 @@ class Track:
                   f"after the {rec['consumed']} batches the checkpoint had consumed")
         return None
 
-    def _resumed(self, loader: DataLoader, original: Callable[[DataLoader], Any], rec: dict[str, Any], plan: Plan) -> Any:
+    def _resumed(self, loader: DataLoader[Any], original: Callable[[DataLoader[Any]], Any], rec: dict[str, Any], plan: Plan) -> Any:
         self.iter_ref = None  # watch() must not see the previous pass's iterator while this one is made
         real = _index_sampler_of(loader)
         resumed = _Resumed(real, lambda: self._remaining(loader, real, rec, plan), self)
@@ -490,7 +490,7 @@ class Track:
                      f"{rec['consumed']} of {rec.get('length')} batches (skipped samples not loaded)", quiet=True)
         return it
 
-    def _remaining(self, loader: DataLoader, real: Any, rec: Mapping[str, Any], plan: Plan) -> Iterator[Any]:
+    def _remaining(self, loader: DataLoader[Any], real: Any, rec: Mapping[str, Any], plan: Plan) -> Iterator[Any]:
         """The batch indices of the resumed pass (computed while the pass's random state is in place)."""
         sampler, bs = loader.sampler, loader.batch_size
         if plan.resplit:
@@ -510,7 +510,7 @@ class Track:
         return from_position(plan.skip)
 
     @staticmethod
-    def _indices(loader: DataLoader) -> Iterator[int]:
+    def _indices(loader: DataLoader[Any]) -> Iterator[int]:
         """The sampler's index stream of this pass, as a positionable iterator where torch allows."""
         sampler = loader.sampler
         if isinstance(sampler, RandomSampler) and _stock(sampler, RandomSampler) and not sampler.replacement:
@@ -519,7 +519,7 @@ class Track:
                 seed = int(torch.empty((), dtype=torch.int64).random_().item())
                 gen = torch.Generator()
                 gen.manual_seed(seed)
-            return iter(random_order(len(sampler.data_source), sampler.num_samples, gen))  # type: ignore[arg-type]
+            return iter(random_order(len(sampler.data_source), sampler.num_samples, gen))
         return iter(sampler)
 
     # -- a script that skips the replayed batches itself -----------------------------------
@@ -570,7 +570,7 @@ class Registry:
     """Tracked loaders (weakly), the positions loaded for the zero-edit entry, and how to talk."""
 
     def __init__(self) -> None:
-        self.tracks: weakref.WeakKeyDictionary[DataLoader, Track] = weakref.WeakKeyDictionary()
+        self.tracks: weakref.WeakKeyDictionary[DataLoader[Any], Track] = weakref.WeakKeyDictionary()
         self.samplers: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.auto = False
         self.waiting: list[dict[str, Any]] = []  # zero-edit positions not yet claimed by a loader
@@ -596,10 +596,10 @@ class Registry:
         if events is not None:
             try:
                 events.emit("data_position", loader=key, action=action, message=message)
-            except Exception:  # noqa: BLE001, S110 - a note must never fail a step
+            except Exception:  # noqa: BLE001 - a note must never fail a step
                 pass
 
-    def track(self, loader: DataLoader, key: str | None = None) -> Track:
+    def track(self, loader: DataLoader[Any], key: str | None = None) -> Track:
         track = self.tracks.get(loader)
         if track is None:
             if key is None:
@@ -612,7 +612,7 @@ class Registry:
                 track.pending = self.by_key.pop(key, None)
         return track
 
-    def _claim(self, track: Track, loader: DataLoader) -> None:
+    def _claim(self, track: Track, loader: DataLoader[Any]) -> None:
         fp = fingerprint(loader)
         for i, rec in enumerate(self.waiting):
             if rec.get("fingerprint") == fp:
@@ -620,7 +620,7 @@ class Registry:
                 track.pending["key"] = track.key
                 return
 
-    def track_for(self, loader: DataLoader) -> Track | None:
+    def track_for(self, loader: DataLoader[Any]) -> Track | None:
         track = self.tracks.get(loader)
         if track is not None:
             return track
@@ -671,13 +671,13 @@ def install() -> Patches:
     _ORIGINAL_INDEX_SAMPLER = DataLoader.__dict__["_index_sampler"]
     original_iter = DataLoader.__iter__
 
-    def __iter__(self: DataLoader) -> Any:
+    def __iter__(self: DataLoader[Any]) -> Any:
         track = REGISTRY.track_for(self)
         if track is None:
             return original_iter(self)
         return track.begin(self, original_iter)
 
-    def index_sampler(self: DataLoader) -> Any:
+    def index_sampler(self: DataLoader[Any]) -> Any:
         override = self.__dict__.get(_OVERRIDE)
         return override if override is not None else _index_sampler_of(self)
 
@@ -689,7 +689,7 @@ def install() -> Patches:
     return _PATCHES
 
 
-def _index_sampler_of(loader: DataLoader) -> Any:
+def _index_sampler_of(loader: DataLoader[Any]) -> Any:
     """The loader's own index sampler (what DataLoader._index_sampler returns unpatched)."""
     prop = _ORIGINAL_INDEX_SAMPLER
     assert prop is not None and prop.fget is not None, "dataposition.install() first"

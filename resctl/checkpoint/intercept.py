@@ -1,9 +1,10 @@
 """Zero-edit checkpointing: make `torch.save` to chosen paths async and atomic.
 
-`install(glob, checkpointer)` replaces `torch.save` and `torch.load`:
+`install(glob, queue)` replaces `torch.save` and `torch.load`; `queue` is the engine's write queue
+(`Checkpointer.writes`, seen here only as the `resctl.checkpoint.writes.WriteQueue` protocol):
 
 - `torch.save(obj, path)` with `path` matching `glob` snapshots `obj` (tensors copied to CPU),
-  returns, and writes in the checkpointer's background thread: into a hidden temp file next to
+  returns, and writes in the write queue's background thread: into a hidden temp file next to
   `path`, fsync, then a sidecar manifest `<path>.resctl.json` (size and CRC32), then both are
   renamed into place and the directory is fsynced. The file at `path` is a normal torch.save
   file, appears only when complete, and any program can torch.load it.
@@ -21,7 +22,7 @@ Temp files of writes that a kill interrupted (`.<name>.resctl-tmp-*`) are remove
 directory at `install` and from any directory before the first write into it.
 
 The glob is matched (fnmatch) against the path as given and against its absolute form, so both
-`"checkpoints/*.pt"` and `"/fsx/run1/**"`-style globs work. Saves go through the checkpointer's
+`"checkpoints/*.pt"` and `"/fsx/run1/**"`-style globs work. Saves go through the write queue's
 single in-flight slot: a new save waits for the previous one, and a failed write raises on the
 next save or wait. The write is one `torch.save` stream (not split across writers): use
 `resctl.checkpoint.save` for full parallel bandwidth.
@@ -42,8 +43,8 @@ import torch
 
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import state as st
-from resctl.checkpoint.engine import Checkpointer
 from resctl.checkpoint.errors import CheckpointError
+from resctl.checkpoint.writes import WriteQueue
 
 SIDECAR_SUFFIX = ".resctl.json"
 EXTRA_MARK = ".resctl-extra-"
@@ -56,35 +57,36 @@ _cleaned_dirs: set[str] = set()
 _STARTED = time.time()
 _PLAIN = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
-_installed: tuple[Callable[..., Any], Callable[..., Any], str, Checkpointer] | None = None
+_installed: tuple[Callable[..., Any], Callable[..., Any], str, WriteQueue] | None = None
 
 
-def install(glob: str, checkpointer: Checkpointer | None = None) -> None:
-    """Patch torch.save/torch.load for paths matching `glob` (default checkpointer if None)."""
+def install(glob: str, queue: WriteQueue | None = None) -> None:
+    """Patch torch.save/torch.load for paths matching `glob`, writing through `queue` (default:
+    the default checkpointer's, `resctl.checkpoint.get().writes`)."""
     global _installed
-    if checkpointer is None:
+    if queue is None:
         import resctl.checkpoint as api
 
-        checkpointer = api.get()
+        queue = api.get().writes
     if _installed is not None:
         uninstall()
     orig_save, orig_load = torch.save, torch.load
-    _installed = (orig_save, orig_load, glob, checkpointer)
-    if checkpointer.rank == 0:
+    _installed = (orig_save, orig_load, glob, queue)
+    if queue.rank == 0:
         remove_leftovers(Path(os.path.dirname(os.path.abspath(re.split(r"[*?\[]", glob)[0] + "x"))))
 
     def save(obj: object, f: Any, *args: Any, **kwargs: Any) -> None:
         path = _matching_path(f, glob)
         if path is None:
             return orig_save(obj, f, *args, **kwargs)
-        _save_path(checkpointer, orig_save, obj, path, args, kwargs)
+        _save_path(queue, orig_save, obj, path, args, kwargs)
         return None
 
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         path = _matching_path(f, glob)
         if path is not None:
-            if checkpointer.pending_path() == path:
-                checkpointer.wait()
+            if queue.pending_path() == path:
+                queue.wait_previous()
             verify(path)
             obj = orig_load(f, *args, **kwargs)
             _consume_extras(path, orig_load)
@@ -93,8 +95,8 @@ def install(glob: str, checkpointer: Checkpointer | None = None) -> None:
 
     save.__doc__ = orig_save.__doc__
     load.__doc__ = orig_load.__doc__
-    torch.save = save  # type: ignore[assignment]
-    torch.load = load  # type: ignore[assignment]
+    torch.save = save
+    torch.load = load
 
 
 def uninstall() -> None:
@@ -103,8 +105,8 @@ def uninstall() -> None:
     if _installed is None:
         return
     orig_save, orig_load, _, _ = _installed
-    torch.save = orig_save  # type: ignore[assignment]
-    torch.load = orig_load  # type: ignore[assignment]
+    torch.save = orig_save
+    torch.load = orig_load
     _installed = None
 
 
@@ -256,7 +258,7 @@ def _guess_step(obj: Any) -> int | None:
 
 
 def _save_path(
-    ckpt: Checkpointer,
+    queue: WriteQueue,
     orig_save: Callable[..., Any],
     obj: Any,
     path: Path,
@@ -264,12 +266,11 @@ def _save_path(
     kwargs: dict[str, Any],
 ) -> None:
     t0 = time.monotonic()
-    ckpt.beat(force=True)
-    waited = ckpt.wait_previous()
+    waited = queue.begin()
     snap = _snapshot(obj, orig_save, args, kwargs)
     staged_at = time.monotonic()
     step = _guess_step(obj)
-    fail = ckpt.take_injected_failure()
+    fail = queue.take_injected_failure()
     extras = {name: produce() for name, (produce, _) in EXTRAS.items()}
     extra_bytes = b""
     if extras:
@@ -285,7 +286,7 @@ def _save_path(
         tmp_manifest = path.with_name(f".{path.name}{TMP_MARK}{tag}.json")
         try:
             if isinstance(snap, bytes):
-                size, crc = fmt.write_file(tmp, [memoryview(snap)], ckpt.tick)
+                size, crc = fmt.write_file(tmp, [memoryview(snap)], queue.tick)
             else:
                 with open(tmp, "wb") as fh:
                     orig_save(snap, fh, *args, **kwargs)
@@ -297,7 +298,7 @@ def _save_path(
             if extra_bytes:
                 _write_extra(path, crc, extra_bytes, tag)
             manifest = fmt.Manifest("file", step, {path.name: fmt.FileEntry(size, crc)}, created=time.time(),
-                                    run_id=ckpt.run_id)
+                                    run_id=queue.run_id)
             fmt.write_manifest(tmp_manifest, manifest)
             # An old sidecar must not vouch for the new file, even for an instant.
             try:
@@ -316,13 +317,13 @@ def _save_path(
                 except FileNotFoundError:
                     pass
             raise
-        ckpt.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=size,
+        queue.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=size,
                          path=str(path))
 
-    ckpt.submit(job, step, path)
-    ckpt.events.emit("ckpt_stall", step=step, seconds=round(time.monotonic() - t0, 6), waited=round(waited, 6),
-                     path=str(path))
-    ckpt.beat(force=True)
+    queue.submit(job, step, path)
+    queue.events.emit("ckpt_stall", step=step, seconds=round(time.monotonic() - t0, 6), waited=round(waited, 6),
+                      path=str(path))
+    queue.end()
 
 
 __all__ = ["install", "uninstall", "verify", "sidecar", "remove_leftovers"]

@@ -18,7 +18,6 @@ import torch
 
 from resctl.checkpoint.format import TENSOR_MARK
 
-
 #: The zero-edit data position's entry (resctl.checkpoint.dataposition). Optional on both sides: a
 #: checkpoint without it loads into a state with it and the other way round (the option was turned on
 #: or off between runs); it is never put into a state that does not ask for it.

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def _hidden() -> frozenset[str]:
     """Spellings accepted but not offered: torchrun's underscore aliases (`--nproc_per_node`)."""
     from resctl.cli.torchrun_flags import FLAGS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, List, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -18,20 +18,20 @@ EPILOG = (
 STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
 
 
-def _names(values: Optional[List[str]]) -> list[str]:
+def _names(values: list[str] | None) -> list[str]:
     return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
 
 
 def doctor(
-    profile: Annotated[Optional[Path], typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")] = None,
-    set_: Annotated[Optional[List[str]], typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")] = None,
+    profile: Annotated[Path | None, typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout (schema in docs/doctor.md).")] = False,
-    only: Annotated[Optional[List[str]], typer.Option("--only", help="Run only these probes (comma-separated or repeated).")] = None,
-    skip: Annotated[Optional[List[str]], typer.Option("--skip", help="Leave out these probes.")] = None,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Run only these probes (comma-separated or repeated).")] = None,
+    skip: Annotated[list[str] | None, typer.Option("--skip", help="Leave out these probes.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on warnings too.")] = False,
     deep: Annotated[bool, typer.Option("--deep", help="Also benchmark every GPU (matmul, host<->device, GPU-to-GPU); imports torch.")] = False,
-    directory: Annotated[Optional[str], typer.Option("--dir", help="Directory the storage probe tests (default: checkpoint.dir).")] = None,
-    storage_mb: Annotated[Optional[int], typer.Option("--storage-mb", min=0, help="MB the storage test writes (doctor.storage_test_mb); 0 skips it.")] = None,
+    directory: Annotated[str | None, typer.Option("--dir", help="Directory the storage probe tests (default: checkpoint.dir).")] = None,
+    storage_mb: Annotated[int | None, typer.Option("--storage-mb", min=0, help="MB the storage test writes (doctor.storage_test_mb); 0 skips it.")] = None,
     root: Annotated[Path, typer.Option("--root", help="Read /sys, /proc, /dev and nvml.json under this node snapshot instead of this machine.")] = Path("/"),
     cluster: Annotated[bool, typer.Option("--cluster", help="Run on every node at once: collectives in pairs and all together, a matmul per device; names slow or broken nodes (docs/doctor.md).")] = False,
 ) -> None:
@@ -99,7 +99,7 @@ class _progress:
         self.bar: Any = None
         self.tasks: dict[str, Any] = {}
 
-    def __enter__(self) -> Optional[Any]:
+    def __enter__(self) -> Any | None:
         if not self.console.is_terminal:
             return None
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,9 +13,9 @@ from resctl.cli.render import info, out_console
 app = typer.Typer(help="Inspect, create and check resctl profiles.", no_args_is_help=True, rich_markup_mode=None)
 
 ProfileOpt = Annotated[
-    Optional[Path], typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")
+    Path | None, typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")
 ]
-SetOpt = Annotated[Optional[List[str]], typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")]
 
 
 @app.command("show", epilog="Example: resctl profile show -p examples/profiles/eks-p5.toml --set launch.max_restarts=5")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Mapping, Optional
+from typing import Annotated, Any, Callable, Mapping
 
 import typer
 
@@ -38,7 +38,7 @@ class Flag:
     to: str  # profile, launcher, target, refused, resctl
     key: str = ""  # the profile key (to = profile/resctl)
     type: type = str  # str, int or bool (a switch)
-    check: Optional[Callable[[Any], Optional[str]]] = None  # value -> what is wrong with it, or None
+    check: Callable[[Any], str | None] | None = None  # value -> what is wrong with it, or None
     noop: Any = None  # a refused flag's value that changes nothing (torchrun's default): accepted
     choices: tuple[str, ...] = ()  # the values it takes, when they are a fixed list (checked, completed)
 
@@ -61,38 +61,38 @@ _NPROC = re.compile(r"^(auto|cpu|gpu|xpu|[1-9][0-9]*)$")
 _NNODES = re.compile(r"^([1-9][0-9]*)(:([1-9][0-9]*))?$")
 
 
-def _nproc(value: str) -> Optional[str]:
+def _nproc(value: str) -> str | None:
     if _NPROC.match(value.strip()):
         return None
     return f"{value!r} is not a number of workers: give a positive integer, or auto, gpu, cpu, xpu (as torchrun)"
 
 
-def _nnodes(value: str) -> Optional[str]:
+def _nnodes(value: str) -> str | None:
     match = _NNODES.match(value.strip())
     if match and (match.group(3) is None or int(match.group(1)) <= int(match.group(3))):
         return None
     return f"{value!r} is not a node count: give N or MIN:MAX with 1 <= MIN <= MAX (as torchrun)"
 
 
-def _key_values(value: str) -> Optional[str]:
+def _key_values(value: str) -> str | None:
     bad = [kv for kv in value.split(",") if "=" not in kv]
     return f"{bad[0]!r} is not KEY=VALUE; write --rdzv-conf key=value,key2=value2" if bad else None
 
 
-def _positive(value: int) -> Optional[str]:
+def _positive(value: int) -> str | None:
     return None if value > 0 else f"{value} must be positive"
 
 
-def _not_negative(value: int) -> Optional[str]:
+def _not_negative(value: int) -> str | None:
     return None if value >= 0 else f"{value} must be 0 or more"
 
 
-def _port(value: int) -> Optional[str]:
+def _port(value: int) -> str | None:
     return None if 0 < value < 65536 else f"{value} is not a TCP port (1-65535)"
 
 
-def _choice(*allowed: str) -> Callable[[str], Optional[str]]:
-    def check(value: str) -> Optional[str]:
+def _choice(*allowed: str) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
         return None if value in allowed else f"{value!r} is not one of {', '.join(allowed)}"
 
     return check
@@ -183,7 +183,7 @@ def options() -> list[inspect.Parameter]:
             hint: Any = Annotated[bool, typer.Option(*flag.names, help=flag.help)]
             default: Any = False
         else:
-            hint = Annotated[Optional[flag.type], typer.Option(*flag.names, help=flag.help)]  # type: ignore[name-defined]
+            hint = Annotated[flag.type | None, typer.Option(*flag.names, help=flag.help)]  # type: ignore[name-defined]
             default = None
         params.append(inspect.Parameter(flag.dest, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
     return params

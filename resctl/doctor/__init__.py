@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping
 
 from resctl.doctor.context import Context, Progress, installed_cuda_runtime
-from resctl.doctor.expectations import Expectations, resolve as resolve_expectations
+from resctl.doctor.expectations import Expectations
+from resctl.doctor.expectations import resolve as resolve_expectations
 from resctl.doctor.nvml import Nvml
 from resctl.doctor.result import Check, ProbeResult, Report, Status
 from resctl.doctor.runner import PROBES, run, select
@@ -45,13 +46,13 @@ def make_context(
     profile: Profile,
     *,
     root: Path = Path("/"),
-    env: Optional[Mapping[str, str]] = None,
-    checkpoint_dir: Optional[str] = None,
+    env: Mapping[str, str] | None = None,
+    checkpoint_dir: str | None = None,
     deep: bool = False,
-    nvml_factory: Optional[Callable[[], Nvml]] = None,
-    progress: Optional[Progress] = None,
+    nvml_factory: Callable[[], Nvml] | None = None,
+    progress: Progress | None = None,
     explicit: frozenset[str] = frozenset(),
-    cwd: Optional[Path] = None,
+    cwd: Path | None = None,
 ) -> Context:
     """Build the probes' Context for a resolved profile.
 

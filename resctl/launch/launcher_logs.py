@@ -149,7 +149,7 @@ def quiet_logs(env: Any = os.environ) -> str | None:
     if not run_dir or env.get("RESCTL_VERBOSE") == "1" or QUIET:
         return None
     path = os.path.join(run_dir, LOG_FILE)
-    log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - for the process's life
+    log = open(path, "a", buffering=1, encoding="utf-8")
     logging.basicConfig(  # before NVRx's own basicConfig (at its import), which then does nothing
         stream=log, level=os.getenv("FT_LAUNCHER_LOGLEVEL", "INFO"),
         format=f"[%(asctime)s] [%(levelname)s] [ft_launcher{os.getpid()}] %(message)s",

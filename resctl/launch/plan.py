@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from resctl.errors import UsageError
-from resctl.launch.rendezvous import Rendezvous
 from resctl.launch import nvrx_flags
+from resctl.launch.rendezvous import Rendezvous
 from resctl.profile.load import Resolved
 from resctl.profile.schema import Health, Profile, nnodes_range
 from resctl.redact import redact_argv, redact_rdzv_conf

@@ -145,7 +145,7 @@ def env_layer(env: Mapping[str, str]) -> tuple[Layer, list[Problem]]:
         layer.values[dotted] = parse_env_value(dotted, raw)
         layer.labels[dotted] = f"env {name}"
     if env.get("RESCTL_FAULTS"):
-        from resctl.shim.faults import parse_schedule  # light module, no torch
+        from resctl.drills import parse_schedule  # the drill registry: imports nothing
 
         try:
             layer.values["faults.schedule"] = parse_schedule(env["RESCTL_FAULTS"])

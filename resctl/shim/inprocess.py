@@ -39,7 +39,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Protocol
 
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
@@ -54,14 +54,14 @@ class RestartHost(Protocol):
     """What the wrapper needs of the worker's shim (`resctl.shim.runtime.Shim` provides it)."""
 
     profile: Profile
-    run_dir: Optional[Path]
+    run_dir: Path | None
     cycle: int
     step: int
     world_size: int
     events: EventLog
     patches: Patches
 
-    def set_progress(self, ping: Optional[Callable[[], None]]) -> None: ...
+    def set_progress(self, ping: Callable[[], None] | None) -> None: ...
 
     def settle_checkpoint(self) -> None: ...
 
@@ -169,7 +169,7 @@ def gloo_abort(sockets: GlooSockets) -> Any:
     """An NVRx Abort: cut gloo connections (wakes blocked collectives), then NVRx's own abort."""
     from nvidia_resiliency_ext import inprocess
 
-    class AbortGloo(inprocess.abort.AbortTorchDistributed):  # type: ignore[misc, name-defined]
+    class AbortGloo(inprocess.abort.AbortTorchDistributed):  # type: ignore[misc]
         def __call__(self, state: Any) -> Any:
             sockets.cut()
             return super().__call__(state)

@@ -51,6 +51,13 @@ time; the Prometheus metrics feed the same `Analyzer` as lines arrive. Definitio
   (launcher) or `restart` (in-process); checkpoint load: to the last rank's `resume`; first
   step: to the last rank's first step. A fault without a record is timed from the old epoch's
   last step.
+- **Phases of the restart** (the same split bench/scale measures at N simulated nodes), launcher
+  recoveries: stop, detection to the old epoch's last record (the survivors gone); rendezvous, to
+  the first new worker process created (`start`'s `spawned`: the launchers' rendezvous and rank
+  assignment are done); start workers, to the last rank's `start`. Without `spawned` (runs
+  before it existed) the rendezvous runs to the last `start` and start workers is None.
+  In-process: stop is None, rendezvous is the first to the last rank's `restart` (the wrapper's
+  barrier). stop + rendezvous + start workers = restart.
 - **Rollback**: the highest step the old epoch reached minus the step it resumed from.
 - **Checkpoint freshness**: at every reference-rank step, how many steps and seconds ago the
   newest durable checkpoint was taken (from the run's start when none yet).
@@ -102,6 +109,9 @@ class Recovery:
     rollback_steps: int
     injected: bool
     tier: str | None = None  # where the resumed state came from (ckpt_load): memory, buddy, disk; "+" joins several
+    stop: float | None = None  # phases of `restart` (module docstring): the old workers gone
+    rendezvous: float | None = None  # ... the launchers' rendezvous (in-process: the wrapper's barrier)
+    start_workers: float | None = None  # ... first worker process created to the last rank's start
 
 
 @dataclass(frozen=True)
@@ -311,6 +321,7 @@ class _Epoch:
         self.key = key
         self.first_t = self.last_t = t
         self.start_max: float | None = None
+        self.spawned_min: float | None = None  # earliest `spawned` of a start in this epoch
         self.restart_min: float | None = None
         self.restart_max: float | None = None
         self.resume_max_t: float | None = None
@@ -437,6 +448,9 @@ class Analyzer:
             if self.t0 is None or t < self.t0:
                 self.t0 = t
             ep.start_max = t if ep.start_max is None else max(ep.start_max, t)
+            spawned = e.get("spawned")
+            if spawned is not None and (ep.spawned_min is None or spawned < ep.spawned_min):
+                ep.spawned_min = spawned
         elif kind == "restart":
             ep.restart_min = t if ep.restart_min is None else min(ep.restart_min, t)
             ep.restart_max = t if ep.restart_max is None else max(ep.restart_max, t)
@@ -655,6 +669,8 @@ class Analyzer:
                 "total": _stats(totals),
                 "detection": _stats([r.detection for r in done]),
                 "restart": _stats([r.restart for r in done]),
+                **{phase: _stats([v for r in done if (v := getattr(r, phase)) is not None])
+                   for phase in ("stop", "rendezvous", "start_workers")},
                 "load": _stats([r.load for r in done]),
                 "first_step": _stats([r.first_step for r in recoveries if r.first_step is not None]),
             },
@@ -802,9 +818,16 @@ def _recovery(old: _Epoch, new: _Epoch, t0: float) -> Recovery:
         stops = [t for t, r in old.stops if t >= t_fault and r != rank]
         t_detect = min(stops) if stops else max(t_fault, old.last_t)
         t_restarted = new.start_max if new.start_max is not None else t_detect
+        t_stopped = min(max(old.last_t, t_detect), t_restarted)
+        stop: float | None = max(0.0, t_stopped - t_detect)
+        # `spawned` is clock ticks: never before the stop, never after the last start.
+        t_spawned = None if new.spawned_min is None else min(max(new.spawned_min, t_stopped), t_restarted)
+        rendezvous: float | None = max(0.0, (t_spawned if t_spawned is not None else t_restarted) - t_stopped)
+        start_workers = None if t_spawned is None else max(0.0, t_restarted - t_spawned)
     else:
         t_detect = new.restart_min if new.restart_min is not None else new.first_t
         t_restarted = new.restart_max if new.restart_max is not None else t_detect
+        stop, rendezvous, start_workers = None, max(0.0, t_restarted - t_detect), None
     t_loaded = max(new.resume_max_t if new.resume_max_t is not None else t_restarted, t_restarted)
     t_first = max(new.first_step_t.values()) if new.first_step_t else None
     if new.resume_min_step is not None:
@@ -820,6 +843,7 @@ def _recovery(old: _Epoch, new: _Epoch, t0: float) -> Recovery:
         total=None if t_first is None else t_first - t_fault,
         last_step=last_step, resumed_step=resumed, rollback_steps=max(0, last_step - resumed),
         injected=injected, tier="+".join(sorted(new.load_tiers)) or None,
+        stop=stop, rendezvous=rendezvous, start_workers=start_workers,
     )
 
 

@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
-import pytest
+import tomllib
 
 from resctl.profile.render import _toml, default_text
 from resctl.profile.schema import SECTIONS, Profile, is_duration, keys
@@ -167,26 +165,22 @@ def stated_factor(dotted: str, pattern: str) -> int:
     return int(found[1])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 fixes the engine side")
 def test_the_memory_tier_budget_is_the_schemas() -> None:
-    from resctl.doctor import shm
+    from resctl.checkpoint import slots
+    from resctl.doctor import shm  # noqa: F401 - doctor's check reads slots.shm_factor (below)
 
     tier = stated_factor("checkpoint.memory_every", r"Needs (\d+)x the state per rank in /dev/shm")
     buddy = stated_factor("checkpoint.memory_replicate", r"Needs (\d+)x the state per rank in the buddy's")
-    assert (shm.TIER_FACTOR, shm.BUDDY_FACTOR) == (tier, buddy)
+    assert (slots.shm_factor(False), slots.shm_factor(True) - slots.shm_factor(False)) == (tier, buddy)
+    assert "slots.shm_factor" in (REPO / "resctl" / "doctor" / "shm.py").read_text()
     readme = " ".join((REPO / "README.md").read_text().split())
     assert f"Needs up to {tier}x the per-node state in `/dev/shm`, plus {buddy}x for the buddy copies" in readme
     checkpoint_md = " ".join((REPO / "docs" / "checkpoint.md").read_text().split())
     assert f"up to {tier}x the per-node state in `/dev/shm`" in checkpoint_md
-    assert f"Budget: {buddy}x the state of each rank of the other" in checkpoint_md
+    assert f"Budget: {buddy}x (`slots.BUDDY_COPIES`) the state of each rank of the other" in checkpoint_md
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 fixes the engine side")
 def test_memory_replicate_defaults_to_the_schemas_in_the_engine() -> None:
-    from resctl.checkpoint import engine
+    from resctl.checkpoint import settings
 
-    params = {p.name: p.default for cls in vars(engine).values() if inspect.isclass(cls)
-              and cls.__module__ == engine.__name__ for p in inspect.signature(cls).parameters.values()
-              if p.name == "memory_replicate"}
-    assert params, "the engine takes memory_replicate"
-    assert params["memory_replicate"] == default("checkpoint.memory_replicate")
+    assert settings.build(dir="/tmp/x").memory_replicate == default("checkpoint.memory_replicate")

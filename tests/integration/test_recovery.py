@@ -142,6 +142,10 @@ def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
     assert layers == (["inprocess", "launcher", "inprocess", "inprocess"] if inprocess else ["launcher"] * 4)
     for r in report.recoveries:
         assert r.injected and r.total is not None and r.total > 0
+        # The report's phases add up to the restart; a launcher restart knows when its workers were
+        # created (`start`'s spawned), so it splits the rendezvous from the workers' start.
+        assert (r.stop or 0.0) + (r.rendezvous or 0.0) + (r.start_workers or 0.0) == pytest.approx(r.restart)
+        assert (r.start_workers is not None) == (r.layer == "launcher")
     # the console: one line per recovered fault, of either layer
     said = [line for line in out.splitlines() if line.startswith("resctl: ")]
     by_launcher = [line for line in said if "restarting the workers" in line]

@@ -431,7 +431,7 @@ def test_intercepted_snapshots_carry_the_position(tmp_path: Path) -> None:
     got: list[Any] = []
     intercept.EXTRAS["x"] = (lambda: {"consumed": 7}, got.append)
     ckpt = Checkpointer(dir=tmp_path / "c", async_=False)
-    intercept.install(str(tmp_path / "*.pt"), ckpt)
+    intercept.install(str(tmp_path / "*.pt"), ckpt.writes)
     try:
         torch.save({"step": 3}, tmp_path / "snap.pt")
         ckpt.wait()

@@ -8,7 +8,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import pytest
 
@@ -17,7 +17,7 @@ from resctl.doctor.context import Context
 from resctl.doctor.expectations import resolve as expectations
 from resctl.doctor.nvml import DriverInfo, Gpu, NvLink, NvmlUnavailable, SnapshotNvml
 from resctl.doctor.result import Report, Status
-from resctl.doctor.storage import find_mount, measure
+from resctl.doctor.storage import Cancelled, find_mount, measure
 from resctl.errors import UsageError
 from resctl.profile.load import resolve
 
@@ -51,7 +51,7 @@ def node(name: str, tmp_path: Path) -> Path:
     return root
 
 
-def context(root: Path, tmp_path: Path, *sets: str, env: Optional[dict[str, str]] = None,
+def context(root: Path, tmp_path: Path, *sets: str, env: dict[str, str] | None = None,
             nvml: Any = None) -> Context:
     profile = resolve(None, env={}, sets=[*BASE_SETS, *sets], cwd=tmp_path).profile
     explicit = frozenset(s.split("=", 1)[0] for s in (*BASE_SETS, *sets))
@@ -100,7 +100,7 @@ def test_healthy_p5_passes_everything(tmp_path: Path) -> None:
     ("p5-disk-full", {"storage.space": "FAIL", "storage.write": "SKIP", "storage.read": None}),
     ("p5-tiny-shm", {"shm.size": "FAIL", "shm.free": None}),
 ])
-def test_broken_nodes(tmp_path: Path, name: str, changed: dict[str, Optional[str]]) -> None:
+def test_broken_nodes(tmp_path: Path, name: str, changed: dict[str, str | None]) -> None:
     report = doctor(node(name, tmp_path), tmp_path)
     want = {**HEALTHY, **changed}
     assert verdicts(report) == {k: v for k, v in want.items() if v is not None}
@@ -337,7 +337,7 @@ def test_measure_writes_reads_and_cleans_up(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     cancel = threading.Event()
     cancel.set()
-    with pytest.raises(Exception):
+    with pytest.raises(Cancelled):
         measure(tmp_path, 3_000_000, 3, cancel=cancel)
     assert list(tmp_path.iterdir()) == []
 
