@@ -279,23 +279,28 @@ WINDOWS = 3
 
 def _matmul(torch: Any, cuda: bool) -> float:
     """GFLOP/s of the slowest device of this node: back-to-back matmuls for about `MATMUL_SECONDS`."""
-    rates = []
     devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if cuda else [torch.device("cpu")]
-    for device in devices:
-        n = 4096 if cuda else 384
-        a = torch.randn(n, n, device=device, dtype=torch.bfloat16 if cuda else torch.float32)
-        sync = (lambda d=device: torch.cuda.synchronize(d)) if cuda else (lambda: None)
-        one = _timed(lambda: a @ a, 1, sync)
-        reps = max(1, min(1000, int(MATMUL_SECONDS / WINDOWS / max(one, 1e-6))))
-        best = 0.0
-        for _ in range(WINDOWS):  # the best window: the device's rate, not a neighbour's burst
-            t = time.perf_counter()
-            for _ in range(reps):
-                a @ a
-            sync()
-            best = max(best, 2 * n**3 * reps / (time.perf_counter() - t) / 1e9)
-        rates.append(best)
-    return min(rates)
+    return min(_device_rate(torch, device, cuda) for device in devices)
+
+
+def _device_rate(torch: Any, device: Any, cuda: bool) -> float:
+    n = 4096 if cuda else 384
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16 if cuda else torch.float32)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    one = _timed(lambda: a @ a, 1, sync)
+    reps = max(1, min(1000, int(MATMUL_SECONDS / WINDOWS / max(one, 1e-6))))
+    best = 0.0
+    for _ in range(WINDOWS):  # the best window: the device's rate, not a neighbour's burst
+        t = time.perf_counter()
+        for _ in range(reps):
+            a @ a
+        sync()
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t) / 1e9)
+    return best
 
 
 def _gloo_interface(store_host: str) -> str | None:

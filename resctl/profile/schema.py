@@ -473,7 +473,7 @@ class Health(Section):
         0.5, gt=0, le=100, description="A node is slow when its matmul rate or its links' bandwidth is worse than "
         "the other nodes' median by this much (0.5: 1.5x slower).",
     )
-    preflight_min_gbps: Optional[float] = Field(
+    preflight_min_gbps: float | None = Field(
         None, gt=0, description="Lowest bandwidth (GB/s) a link between two nodes may have; also judges the one "
         "link of a two-node job, where no median of other nodes exists. Empty: only relative to the others.",
     )
