@@ -19,6 +19,7 @@ import os
 import signal
 import stat
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -109,23 +110,30 @@ def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int
     sending SIGTERM to this worker's launcher, which then stops every worker as for a job stop.
     `resctl run` prints the reason and exits with `exit_code` instead of restarting up to max_restarts."""
     if run_dir is not None:
-        from resctl.redact import redact_text
-
-        record = {"rank": rank, "error": redact_text(f"{type(err).__name__}: {err}"), "exit_code": exit_code}
-        tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}"
-        try:
-            # Complete before it is visible, first rank wins: a rank stopped mid-write (another rank's
-            # SIGTERM to the launcher reaches it) must not leave an empty reason behind.
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            os.link(tmp, run_dir / FATAL_FILE)
-        except OSError:
-            pass  # another rank said it first (or the run dir is gone): one reason is enough
-        finally:
-            tmp.unlink(missing_ok=True)
+        record_fatal(run_dir, {"rank": rank, "error": f"{type(err).__name__}: {err}", "exit_code": exit_code})
     try:
         os.kill(os.getppid(), signal.SIGTERM)
     except OSError:
         pass
+
+
+def record_fatal(run_dir: Path, record: dict[str, Any]) -> None:
+    """Write fatal.json once per run: complete before it is visible, first writer wins (a rank stopped
+    mid-write by another rank's SIGTERM to the launcher must not leave an empty reason behind).
+    `record` holds `exit_code` and `error`, and `rank` (a worker's) or `cause` (`resctl run`'s own,
+    e.g. no_progress from the health watch)."""
+    from resctl.redact import redact_text
+
+    if isinstance(record.get("error"), str):  # an exception's text may quote a URL with its token
+        record = {**record, "error": redact_text(record["error"])}
+    tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.link(tmp, run_dir / FATAL_FILE)
+    except OSError:
+        pass  # another rank said it first (or the run dir is gone): one reason is enough
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_fatal(run_dir: Path) -> dict[str, Any] | None:
