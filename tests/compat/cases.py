@@ -26,8 +26,8 @@ class Case:
     stdin: Optional[bytes] = None  # None: /dev/null
     signal: Optional[tuple[str, str]] = None  # (target, signal name)
     summary: str = ""  # text torchrun's failure summary shows: the others' must show it too
-    timeout: float = 60.0  # whole launch
-    idle: float = 25.0  # no output for this long: a hang
+    timeout: float = 120.0  # whole launch
+    idle: float = 30.0  # no output for this long: a hang
     facts: int = 1  # FACT lines torchrun's run must print at least (0: the case checks lines only)
 
     def __post_init__(self) -> None:
@@ -36,17 +36,18 @@ class Case:
 
 
 TMP = ("{tmp}",)
+TORCH_IDLE = 60.0  # a worker importing torch on a loaded 2-core box can be silent that long
 _CASES = [
     # every way a worker can end
     Case("end_return", 0),
     Case("end_sys_exit", 0),
     Case("end_sys_exit_none", 0),
     Case("end_sys_exit_zero", 0),
-    Case("end_sys_exit_three", 1),
-    Case("end_sys_exit_message", 1, facts=0),
+    Case("end_sys_exit_three", 1, args=TMP),
+    Case("end_sys_exit_message", 1, args=TMP, facts=0),
     Case("end_raise_systemexit", 0),
     Case("end_os_exit_zero", 0),
-    Case("end_os_exit_seven", 1),
+    Case("end_os_exit_seven", 1, args=TMP),
     Case("end_exception", 1, args=TMP),
     Case("end_keyboardinterrupt", 1, args=TMP),
     Case("end_sigkill_self", 1, args=TMP),
@@ -62,7 +63,7 @@ _CASES = [
     Case("log_basic_info", 0),
     Case("log_last_resort", 0, facts=0),
     Case("warn_show", 0),
-    Case("excepthook", 1, facts=0),
+    Case("excepthook", 1, args=TMP, facts=0),
     Case("atexit_return", 0, facts=0),
     Case("atexit_exception", 1, args=TMP, facts=0),
     Case("faulthandler_segv", 1, args=TMP),
@@ -71,7 +72,8 @@ _CASES = [
     Case("env_torchelastic", 0),
     Case("env_names", 0),
     Case("env_master_flags", 0, args=("{port}",), launcher_args=("--master-addr", "127.0.0.1", "--master-port", "{port}")),
-    Case("init_method_tcp", 0, args=("--init-method=tcp://localhost:{port}",), launcher_args=("--master-port", "{port}")),
+    Case("init_method_tcp", 0, args=("--init-method=tcp://localhost:{port}",),
+         launcher_args=("--master-port", "{port}"), idle=TORCH_IDLE),
     # the program: argv, __main__, -m, --no-python, the interpreter, stdin
     Case("argv", 0, args=("--lr", "3e-4", "data dir", "--flag=x")),
     Case("main_identity", 0),
@@ -97,22 +99,22 @@ _CASES = [
     Case("mp_spawn_pool", 0),
     Case("mp_forkserver_pool", 0),
     Case("mp_state", 0),
-    Case("dataloader_fork", 0),
-    Case("dataloader_spawn", 0),
-    Case("torch_mp_spawn", 0),
+    Case("dataloader_fork", 0, idle=TORCH_IDLE),
+    Case("dataloader_spawn", 0, idle=TORCH_IDLE),
+    Case("torch_mp_spawn", 0, idle=TORCH_IDLE),
     # randomness
     Case("rng_unseeded", 0),
-    Case("rng_torch", 0),
-    Case("rng_restart", 0, max_restarts=1),
+    Case("rng_torch", 0, idle=TORCH_IDLE),
+    Case("rng_restart", 0, max_restarts=1, idle=45),
     # torch
-    Case("torch_compile", 0, timeout=120, idle=90),
-    Case("pg_env", 0),
-    Case("pg_env_no_destroy", 0),
-    Case("pg_tcp", 0, args=("{port}",)),
-    Case("pg_file", 0, args=TMP),
+    Case("torch_compile", 0, timeout=180, idle=90),
+    Case("pg_env", 0, idle=TORCH_IDLE),
+    Case("pg_env_no_destroy", 0, idle=TORCH_IDLE),
+    Case("pg_tcp", 0, args=("{port}",), idle=TORCH_IDLE),
+    Case("pg_file", 0, args=TMP, idle=TORCH_IDLE),
     # failures and restarts
-    Case("record_error", 1, args=TMP, summary="RECORDED rank=1 failure", facts=0),
-    Case("restart_once", 0, max_restarts=1),
-    Case("restart_exhausted", 1, max_restarts=1),
+    Case("record_error", 1, args=TMP, summary="RECORDED rank=1 failure", facts=0, idle=TORCH_IDLE),
+    Case("restart_once", 0, max_restarts=1, idle=45),
+    Case("restart_exhausted", 1, max_restarts=1, idle=45),
 ]
 CASES: dict[str, Case] = {c.name: c for c in _CASES}

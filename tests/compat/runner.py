@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import json
 import os
 import re
 import signal
@@ -42,12 +43,14 @@ MARK = "COMPAT_LAUNCH"  # in the environment of every process of one launch
 # Output no launcher owns but the environment adds (torch's import on this box warns about pynvml).
 NOISE = (re.compile(r"The pynvml package is deprecated"), re.compile(r"^\s+import pynvml\s+# type: ignore"))
 TORCH_LOG = re.compile(r"^[WEIDC]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ \S+\.py:\d+\]")  # torch's launcher logging
-CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+ELASTIC = "torch.distributed.elastic."
+CHILD_FAILED = ELASTIC + "multiprocessing.errors.ChildFailedError"
 RECORD = re.compile(r"(?<=[^A-Z\s])(?=[A-Z][A-Z_]+ rank=\d+\b)")  # two workers' records that met on one line
 TAG = re.compile(r"\brank=(\d+)\b")
 FACT = re.compile(r"^FACT rank=(\d+) (\S+?)=(.*)$")
 FRAME = re.compile(r'^\s+File "([^"]+)", line \d+')
 HEX = re.compile(r"0x[0-9a-fA-F]{4,}")
+PID = re.compile(r"\bpid=\d+")
 READY = re.compile(r"\bREADY rank=(\d+) pid=(\d+)")
 
 
@@ -216,9 +219,9 @@ def _kill_marked(mark: str, grace: float) -> int:
 # --- parsing --------------------------------------------------------------------------------------
 
 def parse(out: Outcome) -> None:
-    script_lines, out.launcher_lines = split_launcher(_records(out.raw))
+    script_lines, out.launcher_lines = split_launcher([line.rstrip() for line in out.raw])
     ranked: dict[int, list[str]] = collections.defaultdict(list)
-    for line in normalize(script_lines):
+    for line in normalize(_records(script_lines)):
         fact = FACT.match(line)
         if fact:
             rank, key, value = int(fact.group(1)), fact.group(2), fact.group(3)
@@ -267,8 +270,9 @@ def split_launcher(lines: list[str]) -> tuple[list[str], list[str]]:
             continue
         if line == "Traceback (most recent call last):":
             end = _traceback_end(lines, i)
-            if end < len(lines) and lines[end].startswith(CHILD_FAILED):
-                end = _failure_table_end(lines, end)
+            if end < len(lines) and lines[end].startswith(ELASTIC):  # torchrun's own (ChildFailedError, SignalException)
+                if lines[end].startswith(CHILD_FAILED):
+                    end = _failure_table_end(lines, end)
                 own.extend(lines[i:end + 1])
                 i = end + 1
                 continue
@@ -295,7 +299,7 @@ def _failure_table_end(lines: list[str], start: int) -> int:
 
 
 def normalize(lines: list[str]) -> list[str]:
-    """Frames outside the scripts (runpy, a launcher's shim) dropped from tracebacks, addresses masked."""
+    """Frames outside the scripts (runpy, a launcher's shim) dropped from tracebacks, addresses and pids masked."""
     kept: list[str] = []
     skip_code = False
     for line in lines:
@@ -308,7 +312,7 @@ def normalize(lines: list[str]) -> list[str]:
             continue  # the source (and caret) lines of a dropped frame
         else:
             skip_code = False
-        kept.append(HEX.sub("0x…", line))
+        kept.append(PID.sub("pid=…", HEX.sub("0x…", line)))
     return kept
 
 
@@ -383,10 +387,16 @@ def _delta(a: list[str], b: list[str]) -> str:
     extra = list((collections.Counter(b) - collections.Counter(a)).elements())
     parts = []
     if missing:
-        parts.append(f"missing {len(missing)}: " + " | ".join(_clip(x) for x in missing[:3]))
+        parts.append(f"missing {len(missing)}: " + " | ".join(_clip(x) for x in _telling(missing)))
     if extra:
-        parts.append(f"extra {len(extra)}: " + " | ".join(_clip(x) for x in extra[:3]))
+        parts.append(f"extra {len(extra)}: " + " | ".join(_clip(x) for x in _telling(extra)))
     return "; ".join(parts) or "order differs: " + " | ".join(_clip(x) for x in b[:4])
+
+
+def _telling(lines: list[str], n: int = 3) -> list[str]:
+    """The lines that say most first (an exception's last line before its frames), no repeats."""
+    unique = list(dict.fromkeys(lines))
+    return sorted(unique, key=lambda x: x.startswith((" ", "Traceback (most recent call last)")))[:n]
 
 
 def _clip(line: str) -> str:
@@ -412,3 +422,23 @@ def run_all(cases: list[Case], jobs: int, on_done: Optional[Callable[[Case, Outc
             if on_done is not None:
                 on_done(case, out)
     return dict(results)
+
+
+def save(results: dict[str, dict[str, Outcome]], path: Path, wall: float) -> None:
+    """What each launch showed (raw console, code, hang, leftovers): enough to parse and compare again."""
+    data = {"wall": wall, "results": {name: {lau: {"code": o.code, "wall": o.wall, "raw": o.raw, "hang": o.hang,
+                                                  "leaked": o.leaked} for lau, o in by.items()}
+                                      for name, by in results.items()}}
+    path.write_text(json.dumps(data, indent=1))
+
+
+def load(path: Path) -> tuple[dict[str, dict[str, Outcome]], float]:
+    data = json.loads(path.read_text())
+    results: dict[str, dict[str, Outcome]] = {}
+    for name, by in data["results"].items():
+        results[name] = {}
+        for lau, o in by.items():
+            out = Outcome(lau, o["code"], o["wall"], o["raw"], hang=o["hang"], leaked=o["leaked"])
+            parse(out)
+            results[name][lau] = out
+    return results, float(data["wall"])

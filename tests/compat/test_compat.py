@@ -9,12 +9,14 @@ is fixed the test XPASSes and fails the run until its entry is removed.
     .venv/bin/python -m pytest tests/compat -q                      # the whole suite (slow)
     .venv/bin/python -m pytest tests/compat -q -k "end_sys_exit"    # some cases (only those launch)
     .venv/bin/python -m tests.compat.table > docs/compat.md        # the table of cases x launchers
+    RESCTL_COMPAT_SAVE=/tmp/compat.json .venv/bin/python -m pytest tests/compat   # keep what each launch showed
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import pytest
 
 from tests.compat.cases import CASES, Case
 from tests.compat.expected import EXPECTED
-from tests.compat.runner import SCRIPTS, Outcome, compare, parse, run_all, split_launcher
+from tests.compat.runner import SCRIPTS, Outcome, compare, parse, run_all, save, split_launcher
 
 JOBS = int(os.environ.get("RESCTL_COMPAT_JOBS", "3"))
 
@@ -42,7 +44,11 @@ def outcomes(request: pytest.FixtureRequest) -> dict[str, dict[str, Outcome]]:
     """Launch only the cases this session selected."""
     wanted = {item.callspec.params["case"] for item in request.session.items
               if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params}
-    return run_all([CASES[n] for n in CASES if n in wanted], JOBS)
+    t0 = time.monotonic()
+    results = run_all([CASES[n] for n in CASES if n in wanted], JOBS)
+    if os.environ.get("RESCTL_COMPAT_SAVE"):
+        save(results, Path(os.environ["RESCTL_COMPAT_SAVE"]), time.monotonic() - t0)
+    return results
 
 
 @pytest.mark.slow

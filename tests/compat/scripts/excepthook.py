@@ -1,6 +1,8 @@
-"""Contract: a sys.excepthook the script sets is called for its uncaught exception."""
+"""Contract: a sys.excepthook the script sets is called for its uncaught exception (every rank)."""
 import os
 import sys
+import time
+from pathlib import Path
 
 RANK = int(os.environ["RANK"])
 
@@ -11,4 +13,7 @@ def hook(kind, value, tb):
 
 
 sys.excepthook = hook
+Path(sys.argv[1], f"rank{RANK}").touch()  # both ranks fail at the same moment
+while not all(Path(sys.argv[1], f"rank{r}").exists() for r in (0, 1)):
+    time.sleep(0.02)
 raise ValueError("handled by the hook")

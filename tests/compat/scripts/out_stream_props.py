@@ -9,5 +9,4 @@ for name in ("stdout", "stderr"):
         sys.stdout.write(f"FACT rank={RANK} {name}.{attr}={getattr(s, attr)}\n")
     sys.stdout.write(f"FACT rank={RANK} {name}.isatty={s.isatty()}\n")
     sys.stdout.write(f"FACT rank={RANK} {name}.fileno={s.fileno()}\n")
-sys.stdout.write(f"FACT rank={RANK} flags.unbuffered={sys.flags.unbuffered}\n")
 sys.stdout.write(f"FACT rank={RANK} PYTHONUNBUFFERED={os.environ.get('PYTHONUNBUFFERED')}\n")
