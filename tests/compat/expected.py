@@ -53,7 +53,9 @@ EXPECTED: dict[str, dict[str, str]] = {
     "main_identity": {"fork": _RUN_PATH, "exec": _RUN_PATH},
     "interpreter_state": {"fork": _PRELOAD, "exec": _PRELOAD},
     "stdin_read": {"fork": "a forked worker's stdin is not the launcher's (fd 11, reads nothing)"},
-    "proc_identity": {"fork": _TITLE, "exec": _TITLE},
+    "proc_identity": {"fork": _TITLE + "; a forked worker does not lead its own session (torchrun's workers do: "
+                               "start_new_session), which also puts it in the caller's scheduler autogroup",
+                      "exec": _TITLE},
     "thread_nondaemon": {"fork": "a non-daemon thread can be cut off at exit (its last line lost)"},
     "threads_at_start": {"fork": _THREAD, "exec": _THREAD},
     "sig_int_worker": {"fork": "SIGINT to a forked worker raises no KeyboardInterrupt in the script: the worker "
