@@ -35,6 +35,8 @@ EXPECTED: dict[str, dict[str, str]] = {
     "out_lost_on_os_exit": {"fork": _HANG_EXIT},
     "end_exception": {"fork": _TRACE},
     "end_one_rank_fails": {"fork": _TRACE},
+    "end_sigsegv_self": {"fork": "faulthandler is on in a forked worker (inherited from the launcher): a segfault "
+                                 "prints a 'Fatal Python error' dump that torchrun's worker does not"},
     "log_basic_info": {"fork": "the launcher's logging is inherited (root INFO with 2 handlers): basicConfig is a "
                                "no-op and the script's records do not reach the console"},
     "log_last_resort": {"fork": "the launcher's logging is inherited: the script's warnings do not reach the console"},
@@ -75,6 +77,10 @@ EXPECTED: dict[str, dict[str, str]] = {
     "dataloader_spawn": {"fork": "hang: spawned DataLoader workers cannot load the script's Dataset",
                          "exec": "spawned DataLoader workers cannot load the script's Dataset (AttributeError: "
                                  "Can't get attribute 'Squares' on <module '__main__'>)"},
+    "torch_mp_spawn": {"fork": _HANG_SPAWN,
+                       "exec": "hang: the spawned children cannot load the script's function (AttributeError: "
+                               "Can't get attribute 'child' on <module '__main__'>)"},
+    "record_error": {"fork": _TRACE},
     "rng_unseeded": {"fork": "str hashes are the same on every rank (a fork keeps the launcher's hash secret)"},
     "rng_torch": {"fork": "torch's unseeded generator is the same on every rank"},
 }

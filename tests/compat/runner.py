@@ -18,6 +18,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,7 +43,8 @@ MARK = "COMPAT_LAUNCH"  # in the environment of every process of one launch
 
 # Output no launcher owns but the environment adds (torch's import on this box warns about pynvml).
 NOISE = (re.compile(r"The pynvml package is deprecated"), re.compile(r"^\s+import pynvml\s+# type: ignore"))
-TORCH_LOG = re.compile(r"^[WEIDC]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ \S+\.py:\d+\]")  # torch's launcher logging
+# torchrun's own logging (a worker's torch logs, e.g. torch/multiprocessing/spawn.py, are the script's)
+TORCH_LOG = re.compile(r"^[WEIDC]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ torch/distributed/(run\.py|elastic/)\S*:\d+\]")
 ELASTIC = "torch.distributed.elastic."
 CHILD_FAILED = ELASTIC + "multiprocessing.errors.ChildFailedError"
 RECORD = re.compile(r"(?<=[^A-Z\s])(?=[A-Z][A-Z_]+ rank=\d+\b)")  # two workers' records that met on one line
@@ -140,6 +142,8 @@ def launch(case: Case, launcher: str, timeout: float = 0) -> Outcome:
     out = Outcome(launcher, None if hang else proc.returncode, time.monotonic() - t0, list(lines), hang=hang,
                   leaked=leaked)
     parse(out)
+    if not os.environ.get("RESCTL_COMPAT_KEEP"):  # set it to look at a launch's run dir and files
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
