@@ -110,7 +110,7 @@ _CASES = [
     Case("torch_compile", 0, timeout=180, idle=90),
     Case("pg_env", 0, idle=TORCH_IDLE),
     Case("pg_env_no_destroy", 0, idle=TORCH_IDLE),
-    Case("pg_tcp", 0, args=("{port}",), idle=TORCH_IDLE),
+    Case("pg_tcp", 0, idle=TORCH_IDLE),
     Case("pg_file", 0, args=TMP, idle=TORCH_IDLE),
     # failures and restarts
     Case("record_error", 1, args=TMP, summary="RECORDED rank=1 failure", facts=0, idle=TORCH_IDLE),

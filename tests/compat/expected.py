@@ -26,6 +26,8 @@ _ENV = ("resctl's rendezvous is c10d on 127.0.0.1:0 (ft_launcher) where torchrun
 _MASTER = ("--master-addr/--master-port become the rendezvous endpoint: workers get another MASTER_PORT, "
            "MASTER_ADDR=localhost and TORCHELASTIC_USE_AGENT_STORE=False")
 
+# A reason that starts with "sometimes" is a difference seen in some runs only (a race): its test is
+# xfail(strict=False), so a pass does not fail the run; remove the entry once the cause is fixed.
 EXPECTED: dict[str, dict[str, str]] = {
     "end_sys_exit": {"fork": _HANG_EXIT},
     "end_sys_exit_none": {"fork": _HANG_EXIT},
@@ -37,6 +39,10 @@ EXPECTED: dict[str, dict[str, str]] = {
     "end_one_rank_fails": {"fork": _TRACE},
     "end_sigsegv_self": {"fork": "faulthandler is on in a forked worker (inherited from the launcher): a segfault "
                                  "prints a 'Fatal Python error' dump that torchrun's worker does not"},
+    "out_stream_props": {"fork": "forked workers have PYTHONUNBUFFERED=1 in their environment (torchrun gives "
+                                 "`python -u` and no variable; the worker's own children inherit it)"},
+    "env_names": {"fork": "PYTHONUNBUFFERED is set and TORCHELASTIC_SIGNALS_TO_HANDLE (torchrun's) is not",
+                  "exec": "TORCHELASTIC_SIGNALS_TO_HANDLE (torchrun's) is not set"},
     "log_basic_info": {"fork": "the launcher's logging is inherited (root INFO with 2 handlers): basicConfig is a "
                                "no-op and the script's records do not reach the console"},
     "log_last_resort": {"fork": "the launcher's logging is inherited: the script's warnings do not reach the console"},
@@ -58,7 +64,8 @@ EXPECTED: dict[str, dict[str, str]] = {
     "proc_identity": {"fork": _TITLE + "; a forked worker does not lead its own session (torchrun's workers do: "
                                "start_new_session), which also puts it in the caller's scheduler autogroup",
                       "exec": _TITLE},
-    "thread_nondaemon": {"fork": "a non-daemon thread can be cut off at exit (its last line lost)"},
+    "thread_nondaemon": {"fork": "sometimes: a non-daemon thread can be cut off at exit (rank 1's last line lost "
+                                 "in one run of two)"},
     "threads_at_start": {"fork": _THREAD, "exec": _THREAD},
     "sig_int_worker": {"fork": "SIGINT to a forked worker raises no KeyboardInterrupt in the script: the worker "
                                "dies (exit 1)"},
@@ -69,7 +76,7 @@ EXPECTED: dict[str, dict[str, str]] = {
     "sig_dispositions": {"fork": "the shim's SIGTERM handler and wakeup fd, and the launcher's SIGHUP/SIGQUIT "
                                  "handlers, are installed when the script starts",
                          "exec": "the shim's SIGTERM handler and wakeup fd are installed when the script starts"},
-    "mp_fork_pool": {"fork": _POOL_SIGTERM, "exec": _POOL_SIGTERM},
+    "mp_fork_pool": {"fork": "sometimes (one run of two): " + _POOL_SIGTERM, "exec": _POOL_SIGTERM},
     "mp_spawn_pool": {"fork": _HANG_SPAWN, "exec": _HANG_SPAWN},
     "mp_forkserver_pool": {"fork": _HANG_SPAWN, "exec": _HANG_SPAWN},
     "mp_state": {"fork": "the worker is a multiprocessing child of the launcher (ForkProcess-N, parent_process "

@@ -3,6 +3,7 @@
     .venv/bin/python -m tests.compat.table > docs/compat.md
     RESCTL_COMPAT_SAVE=/tmp/compat.json .venv/bin/python -m pytest tests/compat    # or keep the test run's
     .venv/bin/python -m tests.compat.table --load /tmp/compat.json > docs/compat.md  # launches and render it
+    (more files after the first: a later run of some cases, which replaces theirs)
 
 RESCTL_COMPAT_JOBS sets how many launches run at once (default 3).
 """
@@ -34,6 +35,8 @@ def cell(case: Case, results: dict[str, Outcome], launcher: str) -> str:
     diffs = compare(case, results["torchrun"], results[launcher])
     reason = EXPECTED.get(case.name, {}).get(launcher)
     if not diffs:
+        if reason and reason.startswith("sometimes"):
+            return f"match in this run — *{reason}*"
         return "match" + (" (**fixed: remove its expected.py entry**)" if reason else "")
     text = "; ".join(diffs).replace("|", "\\|").replace("\n", " ")
     if len(text) > 300:
@@ -75,12 +78,16 @@ def render(results: dict[str, dict[str, Outcome]], wall: float, jobs: int, how: 
 def main(argv: list[str]) -> int:
     jobs = int(os.environ.get("RESCTL_COMPAT_JOBS", "3"))
     how = "`python -m tests.compat.table > docs/compat.md`"
-    if argv[:1] == ["--load"] and len(argv) == 2:
+    if argv[:1] == ["--load"] and len(argv) >= 2:
         results, wall = load(Path(argv[1]))
         how = ("`RESCTL_COMPAT_SAVE=results.json pytest tests/compat` and `python -m tests.compat.table --load "
                "results.json > docs/compat.md`")
+        for later in argv[2:]:  # a later run of some cases replaces theirs
+            again, _ = load(Path(later))
+            results.update(again)
+            how += f" (then {len(again)} cases run again and loaded after it: {', '.join(f'`{n}`' for n in again)})"
     elif argv:
-        sys.stderr.write("usage: python -m tests.compat.table [--load RESULTS.json]\n")
+        sys.stderr.write("usage: python -m tests.compat.table [--load RESULTS.json [LATER.json...]]\n")
         return 2
     else:
         t0 = time.monotonic()

@@ -1,4 +1,5 @@
-"""Contract: init_process_group with its own tcp:// address (not the launcher's) and explicit rank/world size."""
+"""Contract: init_process_group with a tcp:// address built from MASTER_ADDR/MASTER_PORT and explicit
+rank/world size (a common hand-written init), all_reduce, destroy."""
 import os
 import sys
 
@@ -6,7 +7,8 @@ import torch
 import torch.distributed as dist
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=rank, world_size=world)
+url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world)
 t = torch.ones(1)
 dist.all_reduce(t)
 sys.stdout.write(f"FACT rank={rank} sum={t.item()}\n")
