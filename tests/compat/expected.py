@@ -10,7 +10,10 @@ from __future__ import annotations
 
 _HANG_EXIT = "hang: a forked worker ending this way is gone but `resctl run` never returns"
 _TRACE = "the worker's traceback is not on the console (launcher.log and the summary only)"
-_HANG_SPAWN = "hang: spawned/forkserver children cannot load the script's functions (__main__ is not the script's)"
+_HANG_SPAWN = ("hang: Pool workers started with spawn/forkserver cannot load the script's function (__main__ "
+               "is not the script's in them) and Pool.map waits forever")
+_SPAWN_ATTR = ("the spawned children cannot load the script's function (AttributeError: Can't get attribute "
+               "'child' on <module '__main__'>): exit 1")
 _RUN_PATH = ("intended?: the script runs through runpy.run_path, so __builtins__ is a dict, __loader__ None "
              "and __package__ '' where `python script.py` gives the module, SourceFileLoader and None")
 _PRELOAD = "intended?: the shim imported torch, numpy, NVRx, psutil and resctl before the script started"
@@ -84,9 +87,7 @@ EXPECTED: dict[str, dict[str, str]] = {
     "dataloader_spawn": {"fork": "hang: spawned DataLoader workers cannot load the script's Dataset",
                          "exec": "spawned DataLoader workers cannot load the script's Dataset (AttributeError: "
                                  "Can't get attribute 'Squares' on <module '__main__'>)"},
-    "torch_mp_spawn": {"fork": _HANG_SPAWN,
-                       "exec": "hang: the spawned children cannot load the script's function (AttributeError: "
-                               "Can't get attribute 'child' on <module '__main__'>)"},
+    "torch_mp_spawn": {"fork": _SPAWN_ATTR, "exec": _SPAWN_ATTR},
     "record_error": {"fork": _TRACE},
     "rng_unseeded": {"fork": "str hashes are the same on every rank (a fork keeps the launcher's hash secret)"},
     "rng_torch": {"fork": "torch's unseeded generator is the same on every rank"},

@@ -430,14 +430,18 @@ def run_all(cases: list[Case], jobs: int, on_done: Optional[Callable[[Case, Outc
 
 def save(results: dict[str, dict[str, Outcome]], path: Path, wall: float) -> None:
     """What each launch showed (raw console, code, hang, leftovers): enough to parse and compare again."""
-    data = {"wall": wall, "results": {name: {lau: {"code": o.code, "wall": o.wall, "raw": o.raw, "hang": o.hang,
+    data = {"wall": wall, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load": os.getloadavg()[1], "results": {name: {lau: {"code": o.code, "wall": o.wall, "raw": o.raw, "hang": o.hang,
                                                   "leaked": o.leaked} for lau, o in by.items()}
                                       for name, by in results.items()}}
     path.write_text(json.dumps(data, indent=1))
 
 
-def load(path: Path) -> tuple[dict[str, dict[str, Outcome]], float]:
+def load(path: Path) -> tuple[dict[str, dict[str, Outcome]], float, str]:
+    """(results, wall seconds, when it finished and the machine's 5-minute load average then)."""
     data = json.loads(path.read_text())
+    finished = data.get("finished") or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+    when = finished + (f", load average {data['load']:.0f}" if "load" in data else "")
     results: dict[str, dict[str, Outcome]] = {}
     for name, by in data["results"].items():
         results[name] = {}
@@ -445,4 +449,4 @@ def load(path: Path) -> tuple[dict[str, dict[str, Outcome]], float]:
             out = Outcome(lau, o["code"], o["wall"], o["raw"], hang=o["hang"], leaked=o["leaked"])
             parse(out)
             results[name][lau] = out
-    return results, float(data["wall"])
+    return results, float(data["wall"]), when

@@ -44,7 +44,7 @@ def cell(case: Case, results: dict[str, Outcome], launcher: str) -> str:
     return f"**differs**: {text}" + (f" — *{reason}*" if reason else " — **not in expected.py**")
 
 
-def render(results: dict[str, dict[str, Outcome]], wall: float, jobs: int, how: str) -> str:
+def render(results: dict[str, dict[str, Outcome]], wall: float, jobs: int, how: str, when: str) -> str:
     names = [n for n in CASES if n in results]
     counts = {lau: sum(not compare(CASES[n], results[n]["torchrun"], results[n][lau]) for n in names)
               for lau in ("fork", "exec")}
@@ -60,7 +60,7 @@ def render(results: dict[str, dict[str, Outcome]], wall: float, jobs: int, how: 
         "property: distinct across ranks, across restarts, and from torchrun's run). Every launcher gets",
         "`--max-restarts` explicitly (0 unless the case says; resctl's default profile restarts 3 times).",
         "",
-        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()} ({os.cpu_count()} cores), "
+        f"Run: finished {when}, {platform.node()} ({os.cpu_count()} cores), "
         f"Python {platform.python_version()}, {jobs} launches at a time, {len(names)} cases x 3 launchers in "
         f"**{wall:.0f} s**. Same as torchrun: forked {counts['fork']}/{len(names)}, exec'd {counts['exec']}/{len(names)}.",
         "",
@@ -79,13 +79,14 @@ def main(argv: list[str]) -> int:
     jobs = int(os.environ.get("RESCTL_COMPAT_JOBS", "3"))
     how = "`python -m tests.compat.table > docs/compat.md`"
     if argv[:1] == ["--load"] and len(argv) >= 2:
-        results, wall = load(Path(argv[1]))
+        results, wall, when = load(Path(argv[1]))
         how = ("`RESCTL_COMPAT_SAVE=results.json pytest tests/compat` and `python -m tests.compat.table --load "
                "results.json > docs/compat.md`")
         for later in argv[2:]:  # a later run of some cases replaces theirs
-            again, _ = load(Path(later))
+            again, _, later_when = load(Path(later))
             results.update(again)
-            how += f" (then {len(again)} cases run again and loaded after it: {', '.join(f'`{n}`' for n in again)})"
+            how += (f" (then {len(again)} cases run again, finished {later_when}, and loaded after it: "
+                    f"{', '.join(f'`{n}`' for n in again)})")
     elif argv:
         sys.stderr.write("usage: python -m tests.compat.table [--load RESULTS.json [LATER.json...]]\n")
         return 2
@@ -93,7 +94,8 @@ def main(argv: list[str]) -> int:
         t0 = time.monotonic()
         results = run_all(list(CASES.values()), jobs)
         wall = time.monotonic() - t0
-    sys.stdout.write(render(results, wall, jobs, how))
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + f", load average {os.getloadavg()[1]:.0f}"
+    sys.stdout.write(render(results, wall, jobs, how, when))
     return 0
 
 
