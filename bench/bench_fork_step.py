@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_happy_path import DDP, run, step_median  # noqa: E402
+from bench_happy_path import DDP, run, step_median
 
 LAUNCHERS = ("torchrun", "fork", "exec")
 

@@ -10,7 +10,6 @@ pid=<pid>`: to "rank0"/"rank1"/"workers" (those pids), "launcher" (the process t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -23,8 +22,8 @@ class Case:
     module: bool = False
     no_python: bool = False
     max_restarts: int = 0
-    stdin: Optional[bytes] = None  # None: /dev/null
-    signal: Optional[tuple[str, str]] = None  # (target, signal name)
+    stdin: bytes | None = None  # None: /dev/null
+    signal: tuple[str, str] | None = None  # (target, signal name)
     summary: str = ""  # text torchrun's failure summary shows: the others' must show it too
     timeout: float = 120.0  # whole launch
     idle: float = 30.0  # no output for this long: a hang

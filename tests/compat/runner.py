@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import psutil
 
@@ -61,7 +61,7 @@ class Outcome:
     """What one launch showed: its exit code (None: hang), the script's lines and facts."""
 
     launcher: str
-    code: Optional[int]
+    code: int | None
     wall: float
     raw: list[str]
     hang: str = ""  # why it was called a hang ("" = it ended)
@@ -379,7 +379,7 @@ def _values(out: Outcome, key: str) -> set[str]:
     return {v for (r, k), vs in out.facts.items() if k == key for v in vs}
 
 
-def _short(values: Optional[list[str]]) -> str:
+def _short(values: list[str] | None) -> str:
     if values is None:
         return "missing"
     text = values[0] if len(values) == 1 else repr(values)
@@ -409,7 +409,7 @@ def _clip(line: str) -> str:
 
 # --- the whole suite ------------------------------------------------------------------------------
 
-def run_all(cases: list[Case], jobs: int, on_done: Optional[Callable[[Case, Outcome], None]] = None,
+def run_all(cases: list[Case], jobs: int, on_done: Callable[[Case, Outcome], None] | None = None,
             ) -> dict[str, dict[str, Outcome]]:
     """Every case under every launcher, `jobs` launches at a time; the launchers of one case are
     queued together and their order rotates from case to case (none always goes first)."""
