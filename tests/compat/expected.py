@@ -33,6 +33,9 @@ _MASTER = ("--master-addr/--master-port become the rendezvous endpoint: workers 
 # xfail(strict=False), so a pass does not fail the run; remove the entry once the cause is fixed.
 EXPECTED: dict[str, dict[str, str]] = {
     "end_sys_exit": {"fork": _HANG_EXIT},
+    "end_sys_exit_message": {"fork": "sometimes (one run of three): when both ranks fail at once the peer is stopped "
+                                     "before its interpreter printed its exit message (torchrun's slower stop lets "
+                                     "it print)"},
     "end_sys_exit_none": {"fork": _HANG_EXIT},
     "end_raise_systemexit": {"fork": _HANG_EXIT},
     "end_os_exit_zero": {"fork": _HANG_EXIT},
