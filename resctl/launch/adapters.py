@@ -144,6 +144,9 @@ def _quick_restart_stops(patches: Patches) -> None:
         return stop_workers(self, *args, **kwargs)
 
     def tracked_start_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from resctl.health.gate import before_cycle
+
+        before_cycle(self)  # resctl.health.gate: may stop the launcher before this cycle's workers start
         _Agent.current = self
         stop.clear(_stop_file())
         LatePreload.before_fork()

@@ -23,6 +23,7 @@ from resctl.profile.load import Layer, Resolved, resolve
 
 if TYPE_CHECKING:
     from resctl.checkpoint.replica import ReplicaServer
+    from resctl.health.watch import Watch
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -187,7 +188,10 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         children.append(child)
         for signum in received:  # arrived while the launcher was starting
             child.send_signal(signum)
+        watch = _watch(launch_plan, child.pid, on_event)
         launcher_code = child.wait()
+        if watch is not None:
+            watch.close()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -199,7 +203,8 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     memdir.release_job(launch_plan.run_id)  # backstop: memory-tier snapshots this node's workers left
     fatal = stop.read_fatal(launch_plan.run_dir) if code != 0 else None
     if fatal is not None:
-        on_event(f"resctl: rank {fatal.get('rank')} stopped the job (no restart can cure it): {fatal.get('error')}")
+        who = f"rank {fatal.get('rank')}" if "cause" not in fatal else f"resctl ({fatal['cause']})"
+        on_event(f"resctl: {who} stopped the job (no restart can cure it): {fatal.get('error')}")
         on_event(f"resctl: exit {fatal['exit_code']}; run dir {launch_plan.run_dir}")
         return int(fatal["exit_code"])
     if code != 0 and received:
@@ -215,6 +220,19 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         on_event(f"resctl: finished in {time.monotonic() - started:.1f} s (exit 0); `resctl report "
                  f"{launch_plan.run_dir}` for details")
     return code
+
+
+def _watch(launch_plan: LaunchPlan, launcher_pid: int, on_event: Callable[[str], None]) -> "Watch | None":
+    """The straggler watch over this run's events (resctl.health.watch), when the profile asks for one."""
+    if launch_plan.health is None:
+        return None
+    from resctl.health.watch import Watch
+
+    watch = Watch(launch_plan.run_dir, launch_plan.health, on_event)
+    if not watch.needed:
+        return None
+    watch.start(launcher_pid)
+    return watch
 
 
 def _notes(launch_plan: LaunchPlan, on_event: Callable[[str], None]) -> None:

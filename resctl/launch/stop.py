@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -66,21 +67,26 @@ def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int
     sending SIGTERM to this worker's launcher, which then stops every worker as for a job stop.
     `resctl run` prints the reason and exits with `exit_code` instead of restarting up to max_restarts."""
     if run_dir is not None:
-        record = {"rank": rank, "error": f"{type(err).__name__}: {err}", "exit_code": exit_code}
-        tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}"
-        try:
-            # Complete before it is visible, first rank wins: a rank stopped mid-write (another rank's
-            # SIGTERM to the launcher reaches it) must not leave an empty reason behind.
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            os.link(tmp, run_dir / FATAL_FILE)
-        except OSError:
-            pass  # another rank said it first (or the run dir is gone): one reason is enough
-        finally:
-            tmp.unlink(missing_ok=True)
+        record_fatal(run_dir, {"rank": rank, "error": f"{type(err).__name__}: {err}", "exit_code": exit_code})
     try:
         os.kill(os.getppid(), signal.SIGTERM)
     except OSError:
         pass
+
+
+def record_fatal(run_dir: Path, record: dict[str, Any]) -> None:
+    """Write fatal.json once per run: complete before it is visible, first writer wins (a rank stopped
+    mid-write by another rank's SIGTERM to the launcher must not leave an empty reason behind).
+    `record` holds `exit_code` and `error`, and `rank` (a worker's) or `cause` (`resctl run`'s own,
+    e.g. no_progress from the health watch)."""
+    tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.link(tmp, run_dir / FATAL_FILE)
+    except OSError:
+        pass  # another rank said it first (or the run dir is gone): one reason is enough
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_fatal(run_dir: Path) -> dict[str, Any] | None:

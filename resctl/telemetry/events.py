@@ -190,6 +190,15 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("outcome", "str", "", "agreed, or alone (no agreement within half the grace: saved where it was)"),
         Field("seconds", "float", "s", "time the training thread waited for the agreement"),
     ), "resctl.shim.runtime"),
+    Kind("straggler", "a rank's steps stayed slower than the other ranks' median by health.straggler_margin for "
+         "health.straggler_steps steps in a row (said once per episode; `rank` is the slow rank)", (
+        Field("step", "int", "step", "the rank's step when it was named"),
+        Field("seconds", "float", "s", "the rank's recent step time (median of its last few steps)"),
+        Field("median", "float", "s", "the other ranks' median recent step time"),
+        Field("ratio", "float", "", "seconds / median"),
+        Field("steps", "int", "", "slow steps in a row"),
+        Field("margin", "float", "", "health.straggler_margin it was judged by", optional=True),
+    ), "resctl.health.watch"),
     Kind("end", "the worker finished its script", (
         Field("status", "str", "", "ok, error, sigterm (a stop of the job), restart-stop (stopped by the launcher "
               "to restart the group)"),
