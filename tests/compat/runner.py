@@ -113,8 +113,9 @@ def environment(tmp: Path) -> dict[str, str]:
 def launch(case: Case, launcher: str, timeout: float = 0) -> Outcome:
     tmp = Path(tempfile.mkdtemp(prefix=f"compat-{case.name}-{launcher}-"))
     argv = command(case, launcher, free_port(), tmp)
-    # Workers lead their own sessions (torchrun's and resctl's alike) and a killed launcher orphans
-    # them: every process of this launch is found by this mark in its environment instead.
+    # Workers lead their own sessions (torchrun's) and a killed launcher orphans them, and a process
+    # title (setproctitle) overwrites /proc/<pid>/environ: a launch's processes are those with this
+    # mark in their environment, those seen below the launcher while it ran, and their descendants.
     mark = f"{case.name}-{launcher}-{os.getpid()}-{time.monotonic_ns()}"
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=SCRIPTS, env={**environment(tmp), MARK: mark},
@@ -131,10 +132,11 @@ def launch(case: Case, launcher: str, timeout: float = 0) -> Outcome:
             proc.stdin.close()
         except BrokenPipeError:
             pass
-    hang = _supervise(case, proc, lines, last, timeout or case.timeout)
+    seen: dict[int, float] = {}
+    hang = _supervise(case, proc, lines, last, timeout or case.timeout, seen)
     if not hang and not eof.wait(3.0):
         hang = "the launcher exited but its output stayed open (a process of the job kept it)"
-    leaked = _kill_marked(mark, grace=0 if hang else 1.0)
+    leaked = _kill_leftovers(mark, seen, grace=0 if hang else 1.0)
     eof.wait(5.0)
     if proc.poll() is None:
         proc.kill()
@@ -155,12 +157,18 @@ def _read(proc: subprocess.Popen[bytes], lines: list[str], last: list[float], eo
     eof.set()
 
 
-def _supervise(case: Case, proc: subprocess.Popen[bytes], lines: list[str], last: list[float], timeout: float) -> str:
-    """Wait for the launcher; deliver the case's signal once its workers are READY. Returns why it hung."""
+def _supervise(case: Case, proc: subprocess.Popen[bytes], lines: list[str], last: list[float], timeout: float,
+               seen: dict[int, float]) -> str:
+    """Wait for the launcher; deliver the case's signal once its workers are READY; note the processes
+    below the launcher in `seen` (pid -> start time). Returns why it hung."""
     deadline = time.monotonic() + timeout
     sent = case.signal is None
+    tick = 0
     while proc.poll() is None:
         now = time.monotonic()
+        if tick % 5 == 0:
+            _note_tree(proc.pid, seen)
+        tick += 1
         if now > deadline:
             return f"no exit in {timeout:.0f} s"
         if now - last[0] > case.idle:
@@ -204,20 +212,51 @@ def _marked(mark: str) -> list[psutil.Process]:
     return found
 
 
-def _kill_marked(mark: str, grace: float) -> int:
-    """Kill what is left of a launch (after `grace` seconds for it to go by itself); how many were left."""
-    deadline = time.monotonic() + grace
-    procs = _marked(mark)
-    while procs and time.monotonic() < deadline:
-        time.sleep(0.1)
-        procs = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    for p in procs:
+def _note_tree(pid: int, seen: dict[int, float]) -> None:
+    try:
+        for child in psutil.Process(pid).children(recursive=True):
+            seen.setdefault(child.pid, child.create_time())
+    except psutil.Error:
+        pass
+
+
+def _leftovers(mark: str, seen: dict[int, float]) -> list[psutil.Process]:
+    found = {p.pid: p for p in _marked(mark)}
+    for pid, started in seen.items():
         try:
-            p.kill()
+            p = psutil.Process(pid)
+            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
+                found[pid] = p
         except psutil.Error:
             pass
-    psutil.wait_procs(procs, timeout=5)
-    return len(procs)
+    for p in list(found.values()):  # what the leftovers started since (a Pool replaces its dead workers)
+        try:
+            found.update((c.pid, c) for c in p.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            pass
+    found.pop(os.getpid(), None)
+    return list(found.values())
+
+
+def _kill_leftovers(mark: str, seen: dict[int, float], grace: float) -> int:
+    """Kill what is left of a launch (after `grace` seconds for it to go by itself); how many were left."""
+    deadline = time.monotonic() + grace
+    procs = _leftovers(mark, seen)
+    while procs and time.monotonic() < deadline:
+        time.sleep(0.1)
+        procs = _leftovers(mark, seen)
+    left = len(procs)
+    for _ in range(3):  # again: a process killed while it was starting a child leaves that child
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=5)
+        procs = _leftovers(mark, seen)
+        if not procs:
+            break
+    return left
 
 
 # --- parsing --------------------------------------------------------------------------------------
