@@ -384,6 +384,10 @@ class Checkpointer:
             self.memory.close()
             self._owner.release()
 
+    def drop_recycled(self) -> None:
+        """The script ended: no write of this process will reuse the pruned checkpoint kept for it."""
+        self.disk.drop_recycled()
+
     def start(self) -> None:
         """Once, before the first load or save: on rank 0 take the directory's ownership lock and
         remove what killed writers left (temp, trash and recycle directories; no writer of this

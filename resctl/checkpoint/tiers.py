@@ -149,7 +149,12 @@ class MemoryTiers:
         t0 = time.monotonic()
         replicated = self.replicate and distributed
         if replicated:  # every rank takes part, so that the collectives match
-            addr = agree.buddy_addr_dist(os.environ.get(replica.ADDR_ENV, ""), collectives.buddy_addr)
+            own = os.environ.get(replica.ADDR_ENV, "")
+            # host:port through the store (readable by whoever reaches it), the secret only through
+            # the job's own collective.
+            where = agree.buddy_addr_dist(replica.shown(own), collectives.buddy_addr)
+            secret = collectives.buddy_secret(replica.secret_of(own))
+            addr = replica.with_secret(where, secret) if where else where
             if tier is not None:
                 tier.replicate_to(addr)
         world = self._world_size()

@@ -61,6 +61,8 @@ class LaunchPlan:
     replica_port: int | None = None
     origins: dict[str, str] = field(default_factory=dict)  # "launch.run_dir" -> where its value came from
     layers: list[str] = field(default_factory=list)  # which recovery layers are on, and why (--dry-run)
+    #: launch.term_timeout: after a forwarded stop, `resctl run` kills what is left once it is over.
+    term_timeout: float = 60.0
     #: What the `resctl run` process watches in the events (resctl.health.watch); None: nothing.
     health: Health | None = None
 
@@ -281,7 +283,7 @@ def plan(
     return LaunchPlan(args, env, files, dirs, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
                       metrics_port=launch.metrics_port, metrics_addr=launch.metrics_addr, origins=origins,
                       layers=recovery_layers(p, series, fork_workers), replica_port=replica_port,
-                      health=p.health)
+                      term_timeout=launch.term_timeout, health=p.health)
 
 
 def inprocess_env(p: Profile, user_env: Mapping[str, str]) -> dict[str, str]:

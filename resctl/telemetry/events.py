@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from resctl.drills import CAUSES
+from resctl.redact import redact_text
 
 EVENTS_GLOB = "events-rank*.jsonl"
 STEP_FLUSH_EVERY = 1.0  # seconds a step event may wait in memory before it is written
@@ -321,7 +322,9 @@ class EventLog:
         if self._fd is None:
             return
         record = {"t": time.time(), "kind": kind, "rank": self.rank, "cycle": self.cycle, "iteration": self.iteration}
-        record.update(fields)
+        # Free text (an exception's message, a traceback) may quote a URL with its token: masked here,
+        # so no reader of the run directory (report, metrics, the failure summary) ever sees it.
+        record.update({k: redact_text(v) if isinstance(v, str) else v for k, v in fields.items()})
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
         with self._lock:
             self._write(self._step_lines() + line)
