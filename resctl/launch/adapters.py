@@ -14,6 +14,8 @@ torch, and the launcher's slow paths, are bridged without forking NVRx. Every ch
   or gloo collective never runs a Python SIGTERM handler, so every restart paid the full wait. Both
   paths now first name the stopped PIDs in the restart-stop marker (`resctl.launch.stop`), so the
   shim leaves at once instead of saving, and both wait at most `--workers-stop-timeout`.
+- **Done when exited.** A forked worker that exits 0 without a return value (`sys.exit()`,
+  `os._exit(0)`) is done; torch waited for its value forever (`_done_when_exited`).
 - **Titles.** The launcher, each worker and each rank monitor name themselves (`resctl.launch.titles`).
 - **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
   default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
@@ -119,7 +121,11 @@ def _quick_restart_stops(patches: Patches) -> None:
         limit = _Agent.stop_timeout()
         if limit is not None and self.sentinels:
             ready = multiprocessing.connection.wait(list(self.sentinels), timeout=0)
-            if any(self.processes[self.sentinels[s]].exitcode not in (0, None) for s in ready):
+            failed = [s for s in ready if self.processes[self.sentinels[s]].exitcode not in (0, None)]
+            if failed:
+                # The failed worker first: torch reports the first failed sentinel it finds, and the
+                # survivors signalled below end at once too (a rank that failed must not be blamed on them).
+                self.sentinels = {s: self.sentinels[s] for s in sorted(self.sentinels, key=lambda s: s not in failed)}
                 survivors = [p for p in self.processes if p.is_alive()]
                 stop.mark_restart(_stop_file(), (p.pid for p in survivors))
                 for proc in survivors:
@@ -153,6 +159,43 @@ def _quick_restart_stops(patches: Patches) -> None:
 
     patches.set(agent_cls, "_stop_workers", marked_stop_workers)
     patches.set(agent_cls, "_start_workers", tracked_start_workers)
+
+
+def _done_when_exited(patches: Patches) -> None:
+    """A forked worker is done when it exits with 0, with or without a return value.
+
+    torch's `MultiprocessContext` counts a worker as done only when it has posted its function's
+    return value; a worker that ends by `sys.exit()`, `os._exit(0)` or a KeyboardInterrupt swallowed
+    by torch's spawn wrapper exits 0 without one, and the launcher waited for it forever. Once every
+    worker has either posted or exited 0, the others are released and awaited here, so the
+    context's own join finds them all gone (NVRx 0.4's copy joins only one more)."""
+    import importlib
+
+    for module in ("nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing.api",
+                   "torch.distributed.elastic.multiprocessing.api"):
+        try:
+            cls = importlib.import_module(module).MultiprocessContext
+        except (ImportError, AttributeError):
+            continue
+        patches.set(cls, "_poll", _polling_exits(cls._poll))
+
+
+def _polling_exits(poll: Any) -> Any:
+    def poll_exits(self: Any) -> Any:
+        pcontext = self._pc
+        if pcontext is not None:
+            for local_rank, proc in enumerate(pcontext.processes):
+                # Exit code first: a worker that exited can post nothing more.
+                if local_rank not in self._return_values and proc.exitcode == 0:
+                    queue = self._ret_vals[local_rank]
+                    self._return_values[local_rank] = None if queue.empty() else queue.get()
+            if self._is_done():
+                self._worker_finished_event.set()
+                for proc in pcontext.processes:
+                    proc.join()
+        return poll(self)
+
+    return poll_exits
 
 
 class _WakeOnWorkerExit:
@@ -288,6 +331,7 @@ def apply_adapters() -> list[str]:
     if PATCHES:
         return []
     _bridge_versions(PATCHES)
+    _done_when_exited(PATCHES)
     if stop.ENV in os.environ:  # the quick stops need the marker file main() set up
         _quick_restart_stops(PATCHES)
     _wake_on_worker_exit(PATCHES)

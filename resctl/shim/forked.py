@@ -1,0 +1,151 @@
+"""A worker forked from the launcher, made into what a new interpreter would be.
+
+`launch.worker_start = "fork"` starts each worker as a fork of the launcher, after the launcher
+imported torch (`resctl.launch.preload`). The fork inherits more than memory: the launcher's
+process-wide settings, which a script run by `python script.py` (torchrun) never sees. `reset()`
+puts back what a new interpreter starts with, before the shim or the script runs:
+
+- **atexit**: the launcher's exit handlers are dropped (a worker must not clear the launcher's
+  files); the handlers that modules register when imported (logging's flush, torch's DataLoader
+  flag, weakref finalizers, ...), recorded while the launcher imported them, are registered again,
+  so that a fresh interpreter's exit handlers run at the worker's end (`resctl.shim.ending`).
+  Weakref finalizers of the launcher's objects are no longer called at exit.
+- **logging**: the root logger without the launcher's handlers, at WARNING; the default record
+  factory; warnings no longer captured into the launcher's log (`logging.basicConfig` works).
+- **warnings**: `showwarning` is the standard one again; "once"/"default" registries forgotten, so a
+  warning the launcher saw is shown again by the worker, as by a new process.
+- **hooks**: `sys.excepthook`, `threading.excepthook`, `sys.unraisablehook` are the defaults; the
+  fault handler (enabled by torch elastic's error handler in the launcher) is off unless
+  `PYTHONFAULTHANDLER` or `-X faulthandler` asks for it.
+- **signals**: every Python handler the launcher installed (torch elastic's, for SIGINT, SIGTERM,
+  SIGHUP, SIGQUIT) is back to the default, SIGINT raises KeyboardInterrupt, no signal is blocked,
+  no wakeup fd; ignored signals stay ignored (as they would across an exec).
+- **random**: Python's `random` and NumPy's global generator drawn from os.urandom (every worker has
+  its own stream, and a new one after every restart); torch's CPU generator at its fixed default seed,
+  as in a new process.
+- **stdin**: multiprocessing replaced it by /dev/null; a worker reads the launcher's stdin, as
+  torchrun's do.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import signal
+import sys
+import threading
+import warnings
+from typing import Any
+
+from resctl.launch import preload
+
+
+def is_forked_worker(env: Any = os.environ) -> bool:
+    """Forked from the launcher (not exec'd): multiprocessing knows a parent process."""
+    import multiprocessing
+
+    return env.get("RESCTL_PRELOAD") == "1" and multiprocessing.parent_process() is not None
+
+
+def reset() -> list[str]:
+    """Everything above, in a forked worker; returns what was reset (for tests)."""
+    done = []
+    for name, step in (("atexit", _atexit), ("logging", _logging), ("warnings", _warnings), ("hooks", _hooks),
+                       ("signals", _signals), ("random", _random), ("stdin", _stdin)):
+        step()
+        done.append(name)
+    return done
+
+
+def _atexit() -> None:
+    import weakref
+
+    atexit._clear()
+    for func, args, kwargs in preload.ExitHandlers.at_import():
+        atexit.register(func, *args, **kwargs)
+    registry = getattr(weakref.finalize, "_registry", {})
+    for info in list(registry.values()):
+        info.atexit = False  # the launcher's objects: not finalized by a worker's exit
+
+
+def _logging() -> None:
+    import logging
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)  # not closed: their files are the launcher's
+    root.setLevel(logging.WARNING)
+    logging.disable(logging.NOTSET)
+    logging.setLogRecordFactory(logging.LogRecord)
+    logging.captureWarnings(False)
+    with logging._lock:  # type: ignore[attr-defined]
+        del logging._handlerList[:]  # type: ignore[attr-defined]  # logging.shutdown must not flush the launcher's
+
+
+def _warnings() -> None:
+    warnings.showwarning = getattr(warnings, "_showwarning_orig", warnings.showwarning)
+    warnings.onceregistry.clear()  # type: ignore[attr-defined]
+    warnings._filters_mutated()  # type: ignore[attr-defined]  # every module's __warningregistry__ is stale now
+
+
+def _hooks() -> None:
+    import faulthandler
+
+    sys.excepthook = sys.__excepthook__
+    sys.unraisablehook = sys.__unraisablehook__
+    threading.excepthook = threading.__excepthook__
+    wanted = bool(os.environ.get("PYTHONFAULTHANDLER")) or "faulthandler" in getattr(sys, "_xoptions", {})
+    if faulthandler.is_enabled() and not wanted:
+        faulthandler.disable()
+
+
+def _signals() -> None:
+    signal.set_wakeup_fd(-1)
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            handler = signal.getsignal(signum)
+        except (OSError, ValueError):
+            continue
+        if signum == signal.SIGINT:
+            signal.signal(signum, signal.default_int_handler)
+        elif callable(handler):
+            signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _random() -> None:
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "random"):
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.manual_seed(torch.Generator().initial_seed())
+
+
+def _stdin() -> None:
+    stream = sys.stdin
+    try:
+        replaced = stream is not None and stream.fileno() != 0
+    except (OSError, ValueError):
+        replaced = True
+    if not replaced:
+        return
+    try:
+        os.fstat(0)
+    except OSError:
+        return  # the launcher had no stdin either
+    old = sys.__stdin__
+    sys.stdin = sys.__stdin__ = open(  # noqa: SIM115 - the process's stdin, as Python makes it
+        0, "r", closefd=False, encoding=getattr(old, "encoding", None) or "utf-8",
+        errors=getattr(old, "errors", None) or "strict", newline="\n" if os.name != "nt" else None)
+    if stream is not None:
+        try:
+            fd = stream.fileno()
+            stream.close()
+            os.close(fd)  # multiprocessing's /dev/null, opened with closefd=False
+        except (OSError, ValueError):
+            pass
