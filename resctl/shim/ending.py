@@ -72,10 +72,17 @@ def script_traceback(tb: Optional[TracebackType]) -> Optional[TracebackType]:
     return first if first is not None else tb
 
 
+def _shown_traceback(err: BaseException) -> Optional[TracebackType]:
+    tb = script_traceback(err.__traceback__)
+    if isinstance(err, SyntaxError) and tb is err.__traceback__:
+        return None  # the script did not compile: Python shows the line and the caret, no frames
+    return tb
+
+
 def report_uncaught(err: BaseException) -> None:
     """What the interpreter does with an uncaught exception: `sys.excepthook` (the script's own, if it
     set one), which prints the traceback to stderr."""
-    tb = script_traceback(err.__traceback__)
+    tb = _shown_traceback(err)
     err.__traceback__ = tb  # the default hook prints the exception's own traceback, not its argument
     try:
         sys.excepthook(type(err), err, tb)
@@ -111,20 +118,20 @@ def finalize() -> None:
 
 
 def leave(ending: Ending, *, forked: bool) -> int:
-    """End the worker as the interpreter would end after `ending`. A forked worker that ended
-    cleanly returns 0 (torch's wrapper then posts its result and exits); every other ending
-    leaves the process here. An exec'd worker returns its status for `sys.exit`."""
+    """End the worker as the interpreter would end after `ending`. An exec'd worker returns its
+    status for `sys.exit` (the interpreter does the rest, as for any script); a forked one leaves
+    here, with no result posted to torch's wrapper: posting one makes the worker wait until the
+    launcher has read every worker's, which a launcher that is stopping the job never does (the
+    launcher takes an exit with 0 for done, `resctl.launch.adapters`)."""
     if ending.by_sigint:
         finalize()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
         os.kill(os.getpid(), signal.SIGINT)
-        os._exit(130)  # only if SIGINT is blocked
     if not forked:
-        return ending.code  # the interpreter does the rest, as for any script
+        return ending.code
     finalize()
-    if ending.code:
-        os._exit(ending.code)
-    return 0
+    os._exit(ending.code)
 
 
 def _flush() -> None:

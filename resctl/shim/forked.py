@@ -20,9 +20,8 @@ puts back what a new interpreter starts with, before the shim or the script runs
 - **signals**: every Python handler the launcher installed (torch elastic's, for SIGINT, SIGTERM,
   SIGHUP, SIGQUIT) is back to the default, SIGINT raises KeyboardInterrupt, no signal is blocked,
   no wakeup fd; ignored signals stay ignored (as they would across an exec).
-- **random**: Python's `random` and NumPy's global generator drawn from os.urandom (every worker has
-  its own stream, and a new one after every restart); torch's CPU generator at its fixed default seed,
-  as in a new process.
+- **random**: Python's `random`, NumPy's global generator and torch's CPU generator seeded from the
+  OS, as a new process seeds them: every worker has its own streams, and new ones after a restart.
 - **stdin**: multiprocessing replaced it by /dev/null; a worker reads the launcher's stdin, as
   torchrun's do.
 """
@@ -123,7 +122,7 @@ def _random() -> None:
         numpy.random.seed()
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.default_generator.manual_seed(torch.Generator().initial_seed())
+        torch.default_generator.seed()  # a new process seeds it from the OS too
 
 
 def _stdin() -> None:
