@@ -16,6 +16,8 @@ torch, and the launcher's slow paths, are bridged without forking NVRx. Every ch
   shim leaves at once instead of saving, and both wait at most `--workers-stop-timeout`.
 - **Done when exited.** A forked worker that exits 0 without a return value (`sys.exit()`,
   `os._exit(0)`) is done; torch waited for its value forever (`_done_when_exited`).
+- **torchrun's master address.** `--master-addr`/`--master-port` reach the workers as MASTER_ADDR and
+  MASTER_PORT, as torchrun's static rendezvous gives them (`_torchrun_master`).
 - **Titles.** The launcher, each worker and each rank monitor name themselves (`resctl.launch.titles`).
 - **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
   default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
@@ -198,6 +200,32 @@ def _polling_exits(poll: Any) -> Any:
     return poll_exits
 
 
+MASTER_ADDR_ENV, MASTER_PORT_ENV = "RESCTL_MASTER_ADDR", "RESCTL_MASTER_PORT"
+
+
+def _torchrun_master(patches: Patches) -> None:
+    """Workers get the `--master-addr`/`--master-port` the user gave, as torchrun's do.
+
+    torchrun's static rendezvous hands them to the workers as MASTER_ADDR/MASTER_PORT; NVRx's c10d
+    rendezvous ignores both and gives the workers a free port, so a script that builds its process
+    group on that port (`init_method="tcp://host:PORT"`, PyTorch's own launcher tests) did not meet
+    the others there. The plan names them in RESCTL_MASTER_ADDR/PORT (`resctl.launch.plan`); the
+    rendezvous itself runs on another port (`resctl.launch.rendezvous`)."""
+    addr, port = os.environ.get(MASTER_ADDR_ENV), os.environ.get(MASTER_PORT_ENV)
+    if not addr and not port:
+        return
+    try:  # NVRx 0.4/0.5 carry their own copy of torch elastic; 0.6+ use torch's
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
+    except ImportError:
+        from torch.distributed.elastic.agent.server import api  # type: ignore[no-redef]
+    original = api.SimpleElasticAgent._set_master_addr_port
+
+    def set_master_addr_port(store: Any, master_addr: Any, master_port: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(store, addr or master_addr, int(port) if port else master_port, *args, **kwargs)
+
+    patches.set(api.SimpleElasticAgent, "_set_master_addr_port", staticmethod(set_master_addr_port))
+
+
 class _WakeOnWorkerExit:
     """Stands in for the `time` module inside NVRx's launcher module: `sleep()` also returns when
     a worker that was alive exits. Everything else is the real module."""
@@ -332,6 +360,7 @@ def apply_adapters() -> list[str]:
         return []
     _bridge_versions(PATCHES)
     _done_when_exited(PATCHES)
+    _torchrun_master(PATCHES)
     if stop.ENV in os.environ:  # the quick stops need the marker file main() set up
         _quick_restart_stops(PATCHES)
     _wake_on_worker_exit(PATCHES)
