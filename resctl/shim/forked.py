@@ -148,3 +148,28 @@ def _stdin() -> None:
             os.close(fd)  # multiprocessing's /dev/null, opened with closefd=False
         except (OSError, ValueError):
             pass
+
+
+def post_error(err: BaseException) -> bool:
+    """Give the launcher a failed worker's traceback, as torch's spawn wrapper would have: it names
+    the cause in the launcher's log and the console's restart line. The error file is the wrapper's
+    (a local of `torch.multiprocessing.spawn._wrap`, further up this stack); False when not found."""
+    import pickle
+    import traceback
+
+    frame = sys._getframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrap" and code.co_filename.endswith(os.path.join("multiprocessing", "spawn.py")):
+            path = frame.f_locals.get("error_file")
+            if not isinstance(path, str):
+                return False
+            text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+            try:
+                with open(path, "wb") as fh:
+                    pickle.dump(text, fh)
+            except OSError:
+                return False
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False

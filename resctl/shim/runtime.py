@@ -463,7 +463,10 @@ def main(argv: list[str]) -> int:
               file=sys.stderr, flush=True)
     ended = ending.run(lambda: _run(shim, target))
     recorded = ending.run(lambda: _record(shim, ended))  # a failed final wait is an ending too
-    return ending.leave(ended if not ended.clean or recorded.clean else recorded, forked=forked_worker)
+    ended = ended if not ended.clean or recorded.clean else recorded
+    if forked_worker and ended.error is not None and not isinstance(ended.error, (SystemExit, KeyboardInterrupt)):
+        forked.post_error(ended.error)
+    return ending.leave(ended, forked=forked_worker)
 
 
 def _run(shim: Shim, target: Target) -> None:
