@@ -24,6 +24,12 @@ puts back what a new interpreter starts with, before the shim or the script runs
   OS, as a new process seeds them: every worker has its own streams, and new ones after a restart.
 - **stdin**: multiprocessing replaced it by /dev/null; a worker reads the launcher's stdin, as
   torchrun's do.
+- **multiprocessing**: the worker is `MainProcess` with no parent and no start method chosen, not
+  the launcher's `ForkProcess-N`.
+
+What a fork cannot give: the str/bytes hash seed (fixed when the launcher started, so the same on
+every rank: set PYTHONHASHSEED, or `launch.worker_start = "exec"`), the launcher's imported modules
+and open file descriptors (README, "Differences from torchrun").
 """
 
 from __future__ import annotations
@@ -51,8 +57,14 @@ def reset() -> list[str]:
     """Everything above, in a forked worker; returns what was reset (for tests)."""
     done = []
     for name, step in (("atexit", _atexit), ("logging", _logging), ("warnings", _warnings), ("hooks", _hooks),
-                       ("signals", _signals), ("random", _random), ("stdin", _stdin)):
-        step()
+                       ("signals", _signals), ("random", _random), ("stdin", _stdin),
+                       ("multiprocessing", _multiprocessing)):
+        try:
+            step()
+        except Exception as err:  # noqa: BLE001 - say what differs, and run the script anyway
+            print(f"resctl: this forked worker keeps the launcher's {name} state ({type(err).__name__}: {err}); "
+                  "launch.worker_start = \"exec\" starts a new interpreter", file=sys.stderr, flush=True)
+            continue
         done.append(name)
     return done
 
@@ -89,14 +101,34 @@ def _warnings() -> None:
 
 
 def _hooks() -> None:
-    import faulthandler
-
     sys.excepthook = sys.__excepthook__
     sys.unraisablehook = sys.__unraisablehook__
     threading.excepthook = threading.__excepthook__
+    fresh_faulthandler()
+
+
+def fresh_faulthandler() -> None:
+    """The fault handler as a new interpreter has it: off unless PYTHONFAULTHANDLER or -X faulthandler
+    (torch elastic's error handler turns it on in the launcher; imports of the shim may too)."""
+    import faulthandler
+
     wanted = bool(os.environ.get("PYTHONFAULTHANDLER")) or "faulthandler" in getattr(sys, "_xoptions", {})
     if faulthandler.is_enabled() and not wanted:
         faulthandler.disable()
+
+
+def _multiprocessing() -> None:
+    """The worker is the main process of its own multiprocessing world, not the launcher's child:
+    `current_process()` is MainProcess, no parent, no children, no start method chosen yet."""
+    import itertools
+    import multiprocessing.context
+    import multiprocessing.process as mp_process
+
+    mp_process._current_process = _MainProcess()  # type: ignore[attr-defined]
+    mp_process._parent_process = None  # type: ignore[attr-defined]
+    mp_process._children = set()  # type: ignore[attr-defined]
+    mp_process._process_counter = itertools.count(1)  # type: ignore[attr-defined]
+    multiprocessing.context._default_context._actual_context = None  # type: ignore[attr-defined]
 
 
 def _signals() -> None:
@@ -173,3 +205,28 @@ def post_error(err: BaseException) -> bool:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
+
+
+def _main_process_class() -> type:
+    import multiprocessing.process as mp_process
+
+    class _MainProcess(mp_process.BaseProcess):
+        """multiprocessing's own `_MainProcess` (deleted from its module once made): what
+        `current_process()` is in a new interpreter."""
+
+        def __init__(self) -> None:
+            self._identity = ()
+            self._name = "MainProcess"
+            self._parent_pid = None
+            self._popen = None
+            self._closed = False
+            self._config = {"authkey": mp_process.AuthenticationString(os.urandom(32)), "semprefix": "/mp"}
+
+        def close(self) -> None:
+            pass
+
+    return _MainProcess
+
+
+def _MainProcess() -> Any:  # noqa: N802 - stands for the class
+    return _main_process_class()()

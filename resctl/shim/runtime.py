@@ -448,6 +448,8 @@ def main(argv: list[str]) -> int:
     forked_worker = forked.is_forked_worker()
     if forked_worker:
         forked.reset()  # what a new interpreter would have: logging, signals, atexit, RNGs, stdin
+    else:
+        forked.fresh_faulthandler()  # the shim's imports must not leave it on either
     fork_env.apply()  # a worker forked from the launcher: what torchrun's environment would give
     target = parse_argv(argv)
     profile, run_dir = load_plan(os.environ)

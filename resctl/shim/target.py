@@ -10,6 +10,7 @@ of the script still sees its module. Each run (again after an in-process restart
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 import runpy
@@ -56,5 +57,5 @@ def run_target(target: Target) -> None:
     with io.open_code(script) as source:
         code = compile(source.read(), script, "exec")
     main.__dict__.update(__file__=script, __cached__=None, __package__=None, __spec__=None,
-                         __loader__=SourceFileLoader("__main__", script))
+                         __loader__=SourceFileLoader("__main__", script), __builtins__=builtins)
     exec(code, main.__dict__)
