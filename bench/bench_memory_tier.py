@@ -179,7 +179,12 @@ def efficiency(args: argparse.Namespace, model: Model, copy_s: float, stall_s: f
     for budget in args.budget:
         plans.append((f"budget {budget}", max(by_copy, math.ceil(stall_s * (1 - budget) / (budget * step_s)))))
     out: dict[str, Any] = {"step_s": round(step_s, 5), "stall_s": stall_s}
-    for name, every in plans:
+    # What a snapshot costs the loop is more than its stall: the background copy and checksum slow
+    # the steps around it. The first stall-budget run measures that cost (its snapshots are far enough
+    # apart not to wait for each other's commits); a second set of plans budgets it.
+    cost_plans_added = False
+    while plans:
+        name, every = plans.pop(0)
         if every > 400:  # e.g. host staging: its stall is the whole copy
             out[name] = {"memory_every": every, "not_run": "more than 400 steps between snapshots"}
             continue
@@ -206,10 +211,18 @@ def efficiency(args: argparse.Namespace, model: Model, copy_s: float, stall_s: f
         ck.release_memory()
         ck.close()
         base = (base + loop(None)) / 2  # the baseline on both sides of the snapshot loop (the GPU's clocks drift)
+        snapshots = steps // every
+        cost_s = max(0.0, (with_mem - base) / max(1, snapshots))
         out[name] = {"memory_every": every, "compute_over_copy": round(every * step_s / copy_s, 2), "steps": steps,
                      "baseline_s": round(base, 4), "with_memory_s": round(with_mem, 4),
-                     "efficiency": round(base / with_mem, 4)}
-        say(f"efficiency ({name}): memory_every={every}: {base / with_mem:.4f}")
+                     "efficiency": round(base / with_mem, 4), "cost_per_snapshot_s": round(cost_s, 5)}
+        say(f"efficiency ({name}): memory_every={every}: {base / with_mem:.4f} (cost per snapshot {cost_s * 1e3:.1f} ms)")
+        if name.startswith("budget") and not cost_plans_added:
+            cost_plans_added = True
+            out["cost_per_snapshot_s"] = round(cost_s, 5)
+            for budget in args.budget:
+                plans.append((f"cost budget {budget}",
+                              max(by_copy, math.ceil(max(cost_s, stall_s) * (1 - budget) / (budget * step_s)))))
     return out
 
 
