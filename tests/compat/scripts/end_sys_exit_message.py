@@ -1,0 +1,11 @@
+"""Contract: sys.exit("message") on every rank prints the message on stderr and fails the job."""
+import os
+import sys
+import time
+from pathlib import Path
+
+RANK = int(os.environ["RANK"])
+Path(sys.argv[1], f"rank{RANK}").touch()  # both ranks end at the same moment
+while not all(Path(sys.argv[1], f"rank{r}").exists() for r in (0, 1)):
+    time.sleep(0.02)
+sys.exit(f"FATAL rank={RANK} bad configuration")
