@@ -114,14 +114,14 @@ def _signalled(launcher: str, tmp_path: Path, how: str, signum: int) -> Run:
     lines: list[str] = []
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
-    while sum(line.startswith("READY") for line in lines) < 2 and time.monotonic() < deadline:
+    # Anywhere in the text: two workers printing at once can share a line.
+    while len(re.findall(r"READY (\d+)", "".join(lines))) < 2 and time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
         lines.append(line)
-    for line in lines:
-        if line.startswith("READY"):
-            os.kill(int(line.split()[1]), signal.SIGUSR1)  # a handler the script set fires
+    for pid in re.findall(r"READY (\d+)", "".join(lines)):
+        os.kill(int(pid), signal.SIGUSR1)  # a handler the script set fires
     time.sleep(0.5)
     proc.send_signal(signum)  # to the launcher only, as a scheduler or a shell's `kill` would
     try:
