@@ -28,6 +28,7 @@ PLAN_FILE = "plan.json"
 FT_CONFIG_FILE = "ft_config.yaml"
 ENV_HELD = "<in the environment>"  # what plan.json keeps of a [launch.env] value: the name, never the value
 # What NVIDIA documents for in-process restart; set only where the user has not.
+ADDED_ENV = "RESCTL_ADDED_ENV"  # variables the plan set for the launcher only: comma list, unset in forked workers
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's --signals-to-handle, in its workers' environment
 INPROCESS_ENV = {"TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0", "TORCH_CPP_LOG_LEVEL": "error"}
 
@@ -255,7 +256,9 @@ def plan(
         env["GROUP_RANK"] = str(node_rank)  # 0.6+'s barrier rendezvous orders nodes by it
     if fork_workers:
         env["RESCTL_PRELOAD"] = "1"
-        env.setdefault("PYTHONUNBUFFERED", "1")  # what `python -u` gives exec'd workers
+        if "PYTHONUNBUFFERED" not in user_env:  # what `python -u` gives exec'd workers, less the variable
+            env["PYTHONUNBUFFERED"] = "1"
+            env[ADDED_ENV] = "PYTHONUNBUFFERED"  # a forked worker drops it again (shim/forked.py)
     # torchrun's worker environment, where NVRx's differs (adapters._torchrun_master for the master port).
     if launch.master_addr:
         env["RESCTL_MASTER_ADDR"] = launch.master_addr

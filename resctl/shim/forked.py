@@ -58,7 +58,7 @@ def reset() -> list[str]:
     done = []
     for name, step in (("atexit", _atexit), ("logging", _logging), ("warnings", _warnings), ("hooks", _hooks),
                        ("signals", _signals), ("random", _random), ("stdin", _stdin),
-                       ("multiprocessing", _multiprocessing)):
+                       ("multiprocessing", _multiprocessing), ("environment", _environment)):
         try:
             step()
         except Exception as err:  # noqa: BLE001 - say what differs, and run the script anyway
@@ -230,3 +230,12 @@ def _main_process_class() -> type:
 
 def _MainProcess() -> Any:  # noqa: N802 - stands for the class
     return _main_process_class()()
+
+
+def _environment() -> None:
+    """Variables the plan set for the launcher alone (PYTHONUNBUFFERED: its streams, which the
+    workers inherit, are unbuffered as `python -u` makes torchrun's; the variable itself is not in
+    a torchrun worker's environment)."""
+    for name in os.environ.pop("RESCTL_ADDED_ENV", "").split(","):
+        if name:
+            os.environ.pop(name, None)

@@ -39,6 +39,7 @@ from resctl.shim.target import Target, parse_argv, run_target
 from resctl.telemetry.events import EventLog, host
 
 EXIT_SIGTERM = 143
+OUTLAST = 10.0  # seconds rank 0 (the store's host) waits at a clean end for the other ranks to close
 PING_EVERY = 0.1  # seconds between progress pings to the in-process wrapper (rate limit)
 BEAT_EVERY = 1.0  # seconds between step heartbeats at most (rate limit); less for short timeouts
 
@@ -352,6 +353,8 @@ class Shim:
         self.events.emit("end", status=status, step=self.step)
         if self.stop_step is not None and status != "sigterm":  # a stopping rank's wait has ended already
             self.stop_step.close()
+            if status == "ok":
+                self.stop_step.outlast(OUTLAST)  # rank 0 hosts the store the others still wait on
         self.heartbeats.close()
         if status == "ok" and self.checkpointer is not None:
             self.checkpointer.release_memory()  # a clean end: no restart will restore this rank's snapshots
