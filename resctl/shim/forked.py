@@ -170,7 +170,7 @@ def _stdin() -> None:
     except OSError:
         return  # the launcher had no stdin either
     old = sys.__stdin__
-    sys.stdin = sys.__stdin__ = open(  # noqa: SIM115 - the process's stdin, as Python makes it
+    sys.stdin = sys.__stdin__ = open(  # type: ignore[misc]  # noqa: SIM115 - the process's stdin, as Python makes it
         0, "r", closefd=False, encoding=getattr(old, "encoding", None) or "utf-8",
         errors=getattr(old, "errors", None) or "strict", newline="\n" if os.name != "nt" else None)
     if stream is not None:
@@ -220,7 +220,8 @@ def _main_process_class() -> type:
             self._parent_pid = None
             self._popen = None
             self._closed = False
-            self._config = {"authkey": mp_process.AuthenticationString(os.urandom(32)), "semprefix": "/mp"}
+            key = mp_process.AuthenticationString(os.urandom(32))  # type: ignore[attr-defined]
+            self._config = {"authkey": key, "semprefix": "/mp"}
 
         def close(self) -> None:
             pass
