@@ -149,9 +149,9 @@ def _signals() -> None:
 
 def _random() -> None:
     random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and hasattr(numpy, "random"):
-        numpy.random.seed()
+    numpy_random = sys.modules.get("numpy.random")  # not imported yet: it seeds itself when it is (and
+    if numpy_random is not None:                     # touching `numpy.random` would import it: 80 ms)
+        numpy_random.seed()
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.default_generator.seed()  # a new process seeds it from the OS too
