@@ -276,9 +276,11 @@ def _titled_rank_monitors(patches: Patches) -> None:
 
         local = re.search(r"rmon(\d+)\.socket$", str(kwargs.get("ipc_socket_path", "")))
         set_title("resctl-rank-monitor" + (f" local={local[1]}" if local else ""))
-        # A session of its own, as every child of the launcher (`_child_of_launcher`): never in a
-        # worker's process group, and it never outlives the launcher (it holds its stdout open).
-        _die_with_parent(signal.SIGKILL)
+        try:  # monitors stay in the launcher's process group (a worker's group is its own) ...
+            os.setpgid(0, os.getpgid(os.getppid()))
+        except OSError:
+            pass
+        _die_with_parent(signal.SIGKILL)  # ... and never outlive it (they hold its stdout open)
         return run(*args, **kwargs)
 
     patches.set(RankMonitorServer, "run", staticmethod(titled_run))
@@ -322,19 +324,16 @@ def _group_alive(pgid: int) -> bool:
 
 def _child_of_launcher() -> None:
     """In every process forked from the launcher (workers, rank monitors): NVRx's code unpatched, a
-    session and process group of its own, so a launcher's `killpg` of a worker's group reaches the worker and its
+    process group of its own, so a launcher's `killpg` of a worker's group reaches the worker and its
     children, never the launcher, `resctl run` or the shell that started them, and a SIGTERM when the
     launcher dies (a worker then stops as for a job stop; an unsupervised worker has no future)."""
     if os.getppid() != _LAUNCHER_PID[0]:
         return  # a fork inside a worker (the hook is inherited): NVRx's monitor setsid()s, DataLoader workers...
     undo_adapters()
-    try:  # a session of its own, as torchrun starts its workers (start_new_session): no controlling
-        os.setsid()  # terminal, and the kernel's autogroup scheduling treats each worker as torchrun's
+    try:  # not a session of its own, as torchrun's (start_new_session): measured, a new session per
+        os.setpgid(0, 0)  # worker made an in-job restart ~0.15 s slower on a loaded 2-core VM (autogroups)
     except OSError:
-        try:
-            os.setpgid(0, 0)
-        except OSError:
-            pass
+        pass
     _die_with_parent(signal.SIGTERM)
 
 

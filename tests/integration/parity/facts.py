@@ -37,8 +37,7 @@ if __name__ == "__main__":
           f"factory={logging.getLogRecordFactory().__name__} root_handlers={len(logging.getLogger().handlers)}",
           flush=True)
     print(f"FACT signals sigint={signal.getsignal(signal.SIGINT).__name__} "
-          f"sighup={signal.getsignal(signal.SIGHUP)} blocked={sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))} "
-          f"session_leader={os.getsid(0) == os.getpid()}",
+          f"sighup={signal.getsignal(signal.SIGHUP)} blocked={sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}",
           flush=True)
     print(f"FACT stdin devnull={os.path.samestat(os.fstat(sys.stdin.fileno()), os.stat(os.devnull))} "
           f"line={sys.stdin.readline().strip()!r}", flush=True)
