@@ -42,14 +42,14 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resctl.checkpoint.engine import Checkpointer  # noqa: E402
-from resctl.telemetry.events import EventLog  # noqa: E402
+from resctl.checkpoint.engine import Checkpointer
+from resctl.telemetry.events import EventLog
 
 med = statistics.median
 
@@ -218,12 +218,14 @@ def engine(
         live: list[torch.Tensor] = []
         st.flatten(entries, live, {})
         expect = [t.detach().cpu().clone() for t in live]
-        target: dict[str, Any] = {}
+        # A load must fit the state it restores into: load into the same objects (in place), then compare.
+        target: dict[str, Any] = dict(state)
         t0 = time.perf_counter()
         step = Checkpointer(dir=root, writers=writers, rank=0, world_size=1).load(target)
         extra["load_s"] = round(time.perf_counter() - t0, 3)
         got: list[torch.Tensor] = []
-        st.flatten({k: target.get(k) for k in entries}, got, {})
+        loaded, _ = st.snapshot_entries(target)
+        st.flatten(loaded, got, {})
         extra["load_step"] = step
 
         def raw(t: torch.Tensor) -> torch.Tensor:

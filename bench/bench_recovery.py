@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from resctl.telemetry.events import read_events  # noqa: E402
+from resctl.telemetry.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "examples" / "profiles" / "local-cpu.toml"

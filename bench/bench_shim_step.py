@@ -33,7 +33,7 @@ def start_rank_monitor(tmp: Path) -> object:
     return proc
 
 
-def steps_times(step, n: int) -> list[float]:  # noqa: ANN001
+def steps_times(step, n: int) -> list[float]:
     out = []
     for _ in range(n):
         t0 = time.perf_counter()

@@ -3,7 +3,7 @@ agreement itself when a job is stopped, measured side by side in one process.
 
 Happy path: `Checkpointer.maybe_save` at a step boundary that saves nothing (interval not due), in
 alternating blocks: a checkpointer as the engine uses it alone (no gate), then one wired as the shim
-wires it (`final_gate`, `after_final`, a `StopStep` over a real TCPStore whose watch thread is blocked
+wires it (`hooks`, a `StopStep` over a real TCPStore whose watch thread is blocked
 in the store's wait, as it is for the whole job). Reports the median call time of each block kind.
 
 Agreement: two `StopStep`s (ranks 0 and 1, threads) over one TCPStore on loopback; rank 1 proposes,
@@ -35,16 +35,15 @@ def happy_path(blocks: int, calls: int) -> tuple[float, float]:
     import torch.distributed as dist
 
     from resctl.checkpoint import Checkpointer
+    from resctl.checkpoint.hooks import NoHooks
     from resctl.shim.stopstep import StopStep
 
     server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
     tmp = Path(tempfile.mkdtemp())
     plain = Checkpointer(dir=tmp / "a", interval_steps=10**9, async_=False)
-    wired = Checkpointer(dir=tmp / "b", interval_steps=10**9, async_=False)
+    wired = Checkpointer(dir=tmp / "b", interval_steps=10**9, async_=False, hooks=NoHooks())
     stop = StopStep(dist.PrefixStore("job", server), 0, 2)
     stop.watch(lambda: None)
-    wired.final_gate = lambda step: True
-    wired.after_final = lambda: None
     a: list[float] = []
     b: list[float] = []
     for _ in range(blocks):

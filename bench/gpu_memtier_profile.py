@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_checkpoint import Model, sync  # noqa: E402
+from bench_checkpoint import Model  # noqa: E402
 
 from resctl.checkpoint import format as fmt  # noqa: E402
 from resctl.checkpoint import memdir  # noqa: E402
@@ -152,7 +151,7 @@ def main() -> None:
     flat = torch.empty(total // 4, dtype=torch.float32, device="cuda")
     print(f"one flat copy (same bytes): {timed(lambda: flat.copy_(arena.view(torch.float32)[: total // 4])) * 1e3:.2f} ms")
     print(f"one Adam step: {timed(model.step) * 1e3:.2f} ms")
-    del arena, views, flat
+    arena = views = flat = None  # freed now (the lambdas above hold them as closure cells)
 
     ck = Checkpointer(dir=args.dir, interval_steps=10**9, memory_every=1, run_id=RUN, stage="device", exclusive=False)
     state = model.state()

@@ -24,7 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.integration.test_recovery import (  # noqa: E402
-    FIVE_FAULTS, IN_PROCESS, SECOND_FAULT_AFTER_RESTART, assert_bitwise_equal, job,
+    FIVE_FAULTS,
+    SECOND_FAULT_AFTER_RESTART,
+    assert_bitwise_equal,
+    job,
 )
 
 

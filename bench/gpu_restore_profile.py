@@ -32,9 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from resctl.checkpoint import format as fmt  # noqa: E402
-from resctl.checkpoint import upload  # noqa: E402
-from resctl.checkpoint.crc import checksum  # noqa: E402
+from resctl.checkpoint import format as fmt
+from resctl.checkpoint import upload
+from resctl.checkpoint.crc import checksum
 
 PATH = Path("/dev/shm/resctl-bench-restore-profile.bin")
 PIN = torch.cuda.is_available()  # the host passes also run on a CPU-only box (small sizes, to check the script)
@@ -103,7 +103,7 @@ def host_pass(total: int, threads: int, chunk: int, mode: str) -> float:
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(work, range(threads)))
     took = time.perf_counter() - t0
-    del src
+    src = None  # the view goes before the mapping closes (work() holds it as a closure cell)
     if mm is not None:
         mm.close()
     os.close(fd)

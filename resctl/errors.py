@@ -41,6 +41,9 @@ class ProfileError(ResctlError):
     """Every problem found in the layered profile, reported together."""
 
     problems: list[Problem] = field(default_factory=list)
+    #: The profile without the keys that failed (their defaults instead), when that one is valid:
+    #: what `resctl profile validate` checks the rules beyond the schema on. Any, not Profile: no import circle.
+    partial: object = None
     exit_code = EXIT_USAGE
 
     def __str__(self) -> str:

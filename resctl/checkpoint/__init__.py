@@ -14,11 +14,15 @@ Use it from a training script (the resctl shim configures it from the profile's
 
 Functions (all act on the module's default `Checkpointer`):
 
-- `configure(*, dir, interval_steps=100, async_=True, keep_last=2, writers=4, rank=None,
-  world_size=None, events=None, heartbeat=None, max_failed_saves=3, memory_every=0) -> Checkpointer`
+- `configure(settings=None, **options) -> Checkpointer`: options are the `[checkpoint]` keys
+  (`dir`, `interval_steps`, `async_`, `writers`, ...: defaults and checks are the profile
+  schema's) and `rank`, `world_size`, `events`, `hooks`, `heartbeat`, `run_id`, `exclusive`
 - `load(state) -> int`, `save(state, step)`, `maybe_save(state, step) -> bool`,
   `save_final() -> int | None`, `wait()`, `get() -> Checkpointer`.
 
+A DataLoader or sampler in `state` is saved as its data position and resumed mid-epoch (the next
+pass yields the batches the uninterrupted run would have; `resctl.checkpoint.dataposition`); with
+the profile's `checkpoint.data_position = true` every loader of the script is, with no edit.
 Values in `state` with `state_dict()`/`load_state_dict()` go through them; other values are
 saved as they are and replaced on load. Only tensors, containers and plain values may be in
 the state: loading is always `weights_only=True`. A checkpoint becomes visible only when
@@ -27,15 +31,20 @@ complete, and `load` skips (and reports) incomplete or corrupt ones. See docs/ch
 
 from __future__ import annotations
 
-import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, MutableMapping
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any
 
-from resctl.checkpoint.errors import CheckpointDirInUse, CheckpointError, CheckpointMismatch, SaveFailuresExceeded
+from resctl.checkpoint.errors import (
+    CheckpointDirInUse,
+    CheckpointError,
+    CheckpointMismatch,
+    SaveFailuresExceeded,
+)
 
 if TYPE_CHECKING:  # the engine imports torch: loaded on first use, so `resctl run` can check a dir without it
     from resctl.checkpoint.engine import Checkpointer
-    from resctl.telemetry.events import EventLog
+    from resctl.checkpoint.settings import Settings
 
 __all__ = [
     "CheckpointDirInUse",
@@ -52,7 +61,7 @@ __all__ = [
     "wait",
 ]
 
-_default: "Checkpointer | None" = None
+_default: Checkpointer | None = None
 _lock = threading.Lock()
 
 
@@ -64,44 +73,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def configure(
-    *,
-    dir: str | os.PathLike[str],
-    interval_steps: int = 100,
-    async_: bool = True,
-    keep_last: int = 2,
-    writers: int = 4,
-    stage: str = "host",
-    recycle: bool = True,
-    rank: int | None = None,
-    world_size: int | None = None,
-    events: "EventLog | None" = None,
-    heartbeat: Callable[[], None] | None = None,
-    max_failed_saves: int = 3,
-    memory_every: int = 0,
-) -> "Checkpointer":
-    """Set (and return) the default Checkpointer; a previous one finishes its writes first."""
+def configure(settings: Settings | None = None, **options: Any) -> Checkpointer:
+    """Set (and return) the default Checkpointer; a previous one finishes its writes first.
+
+    Takes what `Checkpointer(...)` takes: a `[checkpoint]` section and/or its keys as keyword
+    options (`dir`, `interval_steps`, `async_`, `writers`, ...; defaults and checks: the profile
+    schema), plus `rank`, `world_size`, `events`, `hooks`, `heartbeat`, `run_id`, `exclusive`."""
     from resctl.checkpoint.engine import Checkpointer
 
-    new = Checkpointer(
-        dir=dir,
-        interval_steps=interval_steps,
-        async_=async_,
-        keep_last=keep_last,
-        writers=writers,
-        stage=stage,
-        recycle=recycle,
-        rank=rank,
-        world_size=world_size,
-        events=events,
-        heartbeat=heartbeat,
-        max_failed_saves=max_failed_saves,
-        memory_every=memory_every,
-    )
-    return set_default(new)
+    return set_default(Checkpointer(settings, **options))
 
 
-def set_default(checkpointer: "Checkpointer") -> "Checkpointer":
+def set_default(checkpointer: Checkpointer) -> Checkpointer:
     """Install an existing Checkpointer (e.g. `Checkpointer.from_section(...)`) as the default."""
     global _default
     with _lock:
@@ -111,7 +94,7 @@ def set_default(checkpointer: "Checkpointer") -> "Checkpointer":
     return checkpointer
 
 
-def get() -> "Checkpointer":
+def get() -> Checkpointer:
     """The default Checkpointer, configured with defaults (`dir="checkpoints"`) on first use."""
     from resctl.checkpoint.engine import Checkpointer
 
@@ -124,17 +107,27 @@ def get() -> "Checkpointer":
 
 def load(state: MutableMapping[str, Any]) -> int:
     """Restore the newest valid checkpoint into `state` in place; return its step (0: none)."""
-    return get().load(state)
+    from resctl.checkpoint import dataposition
+
+    full = dataposition.with_positions(state)
+    step = get().load(full)
+    if full is not state:
+        dataposition.copy_back(full, state)
+    return step
 
 
 def save(state: MutableMapping[str, Any], step: int) -> None:
     """Save `state` as `step` now (returns once staged when async)."""
-    get().save(state, step)
+    from resctl.checkpoint import dataposition
+
+    get().save(dataposition.with_positions(state), step)
 
 
 def maybe_save(state: MutableMapping[str, Any], step: int) -> bool:
     """Save when `step % interval_steps == 0`; return whether it saved."""
-    return get().maybe_save(state, step)
+    from resctl.checkpoint import dataposition
+
+    return get().maybe_save(dataposition.with_positions(state), step)
 
 
 def save_final() -> int | None:

@@ -81,7 +81,7 @@ class TensorSpec:
         return [self.offset, self.nbytes, self.dtype, list(self.shape)]
 
     @classmethod
-    def from_json(cls, raw: list[Any]) -> "TensorSpec":
+    def from_json(cls, raw: list[Any]) -> TensorSpec:
         offset, nbytes, dtype, shape = raw
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (offset, nbytes, *shape)):
             raise CorruptCheckpoint(f"manifest: bad tensor entry {raw!r}")
@@ -303,7 +303,7 @@ class Manifest:
         return body
 
     @classmethod
-    def from_body(cls, body: dict[str, Any], file_name: str = "") -> "Manifest":
+    def from_body(cls, body: dict[str, Any], file_name: str = "") -> Manifest:
         """Parse and check a manifest body; CorruptCheckpoint says what is wrong."""
         try:
             return _parse(body, file_name)

@@ -1,9 +1,10 @@
 """Zero-edit checkpointing: make `torch.save` to chosen paths async and atomic.
 
-`install(glob, checkpointer)` replaces `torch.save` and `torch.load`:
+`install(glob, queue)` replaces `torch.save` and `torch.load`; `queue` is the engine's write queue
+(`Checkpointer.writes`, seen here only as the `resctl.checkpoint.writes.WriteQueue` protocol):
 
 - `torch.save(obj, path)` with `path` matching `glob` snapshots `obj` (tensors copied to CPU),
-  returns, and writes in the checkpointer's background thread: into a hidden temp file next to
+  returns, and writes in the write queue's background thread: into a hidden temp file next to
   `path`, fsync, then a sidecar manifest `<path>.resctl.json` (size and CRC32), then both are
   renamed into place and the directory is fsynced. The file at `path` is a normal torch.save
   file, appears only when complete, and any program can torch.load it.
@@ -11,11 +12,17 @@
   the sidecar (if there is one) and raises `CheckpointError` on a size or checksum mismatch.
 - Every other call (other paths, file objects, BytesIO) goes straight to torch.
 
+`EXTRAS` adds state of resctl's own beside every snapshot (the data position, with
+`checkpoint.data_position`): each `produce()` runs when torch.save is called, the values go to
+`<path>.resctl-extra-<CRC32 of the file>.pt` (with its own sidecar), renamed into place before the
+file, so it belongs to exactly one version of it; a verified torch.load of the path hands each value
+to its `consume`. Extras of older versions are removed after the rename.
+
 Temp files of writes that a kill interrupted (`.<name>.resctl-tmp-*`) are removed from the glob's
 directory at `install` and from any directory before the first write into it.
 
 The glob is matched (fnmatch) against the path as given and against its absolute form, so both
-`"checkpoints/*.pt"` and `"/fsx/run1/**"`-style globs work. Saves go through the checkpointer's
+`"checkpoints/*.pt"` and `"/fsx/run1/**"`-style globs work. Saves go through the write queue's
 single in-flight slot: a new save waits for the previous one, and a failed write raises on the
 next save or wait. The write is one `torch.save` stream (not split across writers): use
 `resctl.checkpoint.save` for full parallel bandwidth.
@@ -36,10 +43,13 @@ import torch
 
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import state as st
-from resctl.checkpoint.engine import Checkpointer
 from resctl.checkpoint.errors import CheckpointError
+from resctl.checkpoint.writes import WriteQueue
 
 SIDECAR_SUFFIX = ".resctl.json"
+EXTRA_MARK = ".resctl-extra-"
+#: name -> (produce() -> a weights_only-safe value, consume(value)): saved beside every snapshot.
+EXTRAS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
 TMP_MARK = ".resctl-tmp-"
 _cleaned_dirs: set[str] = set()
 # Temp files older than this process are leftovers of a killed one; newer ones may be another live
@@ -47,42 +57,46 @@ _cleaned_dirs: set[str] = set()
 _STARTED = time.time()
 _PLAIN = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
-_installed: tuple[Callable[..., Any], Callable[..., Any], str, Checkpointer] | None = None
+_installed: tuple[Callable[..., Any], Callable[..., Any], str, WriteQueue] | None = None
 
 
-def install(glob: str, checkpointer: Checkpointer | None = None) -> None:
-    """Patch torch.save/torch.load for paths matching `glob` (default checkpointer if None)."""
+def install(glob: str, queue: WriteQueue | None = None) -> None:
+    """Patch torch.save/torch.load for paths matching `glob`, writing through `queue` (default:
+    the default checkpointer's, `resctl.checkpoint.get().writes`)."""
     global _installed
-    if checkpointer is None:
+    if queue is None:
         import resctl.checkpoint as api
 
-        checkpointer = api.get()
+        queue = api.get().writes
     if _installed is not None:
         uninstall()
     orig_save, orig_load = torch.save, torch.load
-    _installed = (orig_save, orig_load, glob, checkpointer)
-    if checkpointer.rank == 0:
+    _installed = (orig_save, orig_load, glob, queue)
+    if queue.rank == 0:
         remove_leftovers(Path(os.path.dirname(os.path.abspath(re.split(r"[*?\[]", glob)[0] + "x"))))
 
     def save(obj: object, f: Any, *args: Any, **kwargs: Any) -> None:
         path = _matching_path(f, glob)
         if path is None:
             return orig_save(obj, f, *args, **kwargs)
-        _save_path(checkpointer, orig_save, obj, path, args, kwargs)
+        _save_path(queue, orig_save, obj, path, args, kwargs)
         return None
 
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         path = _matching_path(f, glob)
         if path is not None:
-            if checkpointer.pending_path() == path:
-                checkpointer.wait()
+            if queue.pending_path() == path:
+                queue.wait_previous()
             verify(path)
+            obj = orig_load(f, *args, **kwargs)
+            _consume_extras(path, orig_load)
+            return obj
         return orig_load(f, *args, **kwargs)
 
     save.__doc__ = orig_save.__doc__
     load.__doc__ = orig_load.__doc__
-    torch.save = save  # type: ignore[assignment]
-    torch.load = load  # type: ignore[assignment]
+    torch.save = save
+    torch.load = load
 
 
 def uninstall() -> None:
@@ -91,8 +105,8 @@ def uninstall() -> None:
     if _installed is None:
         return
     orig_save, orig_load, _, _ = _installed
-    torch.save = orig_save  # type: ignore[assignment]
-    torch.load = orig_load  # type: ignore[assignment]
+    torch.save = orig_save
+    torch.load = orig_load
     _installed = None
 
 
@@ -143,6 +157,59 @@ def verify(path: Path) -> None:
         )
 
 
+def extra_path(path: Path, crc: int) -> Path:
+    """Where the extras of the version of `path` with checksum `crc` are kept."""
+    return path.with_name(f"{path.name}{EXTRA_MARK}{crc:08x}.pt")
+
+
+def _consume_extras(path: Path, orig_load: Callable[..., Any]) -> None:
+    """Hand the values saved beside this version of `path` (verified) to `EXTRAS`."""
+    if not EXTRAS:
+        return
+    try:
+        entry = fmt.read_manifest(sidecar(path), path.name).files.get(path.name)
+    except fmt.CorruptCheckpoint:
+        return
+    if entry is None or entry.crc32 is None or not extra_path(path, entry.crc32).exists():
+        return
+    extra = extra_path(path, entry.crc32)
+    verify(extra)
+    values = orig_load(extra, weights_only=True)
+    for name, (_, consume) in EXTRAS.items():
+        if name in values:
+            consume(values[name])
+
+
+def _write_extra(path: Path, crc: int, data: bytes, tag: str) -> None:
+    """The extras of the version of `path` with checksum `crc`, complete before that version appears."""
+    extra = extra_path(path, crc)
+    tmp = path.with_name(f".{extra.name}{TMP_MARK}{tag}")
+    tmp_manifest = path.with_name(f".{extra.name}{TMP_MARK}{tag}.json")
+    try:
+        size, ecrc = fmt.write_file(tmp, [memoryview(data)], None)
+        fmt.write_manifest(tmp_manifest, fmt.Manifest("file", None, {extra.name: fmt.FileEntry(size, ecrc)},
+                                                      created=time.time()))
+        os.rename(tmp, extra)
+        os.rename(tmp_manifest, sidecar(extra))
+    finally:
+        for leftover in (tmp, tmp_manifest):
+            if leftover.exists():
+                os.unlink(leftover)
+
+
+def _remove_old_extras(path: Path, keep: int | None) -> None:
+    for old in path.parent.glob(f"{glob_escape(path.name)}{EXTRA_MARK}*"):
+        if keep is None or not old.name.startswith(extra_path(path, keep).name):
+            try:
+                os.unlink(old)
+            except FileNotFoundError:
+                pass
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
 def _matching_path(f: Any, glob: str) -> Path | None:
     if not isinstance(f, (str, os.PathLike)):
         return None
@@ -191,7 +258,7 @@ def _guess_step(obj: Any) -> int | None:
 
 
 def _save_path(
-    ckpt: Checkpointer,
+    queue: WriteQueue,
     orig_save: Callable[..., Any],
     obj: Any,
     path: Path,
@@ -199,12 +266,17 @@ def _save_path(
     kwargs: dict[str, Any],
 ) -> None:
     t0 = time.monotonic()
-    ckpt.beat(force=True)
-    waited = ckpt.wait_previous()
+    waited = queue.begin()
     snap = _snapshot(obj, orig_save, args, kwargs)
     staged_at = time.monotonic()
     step = _guess_step(obj)
-    fail = ckpt.take_injected_failure()
+    fail = queue.take_injected_failure()
+    extras = {name: produce() for name, (produce, _) in EXTRAS.items()}
+    extra_bytes = b""
+    if extras:
+        buf = io.BytesIO()
+        orig_save(extras, buf)
+        extra_bytes = buf.getvalue()
 
     def job() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -214,7 +286,7 @@ def _save_path(
         tmp_manifest = path.with_name(f".{path.name}{TMP_MARK}{tag}.json")
         try:
             if isinstance(snap, bytes):
-                size, crc = fmt.write_file(tmp, [memoryview(snap)], ckpt.tick)
+                size, crc = fmt.write_file(tmp, [memoryview(snap)], queue.tick)
             else:
                 with open(tmp, "wb") as fh:
                     orig_save(snap, fh, *args, **kwargs)
@@ -223,8 +295,10 @@ def _save_path(
                 size, crc = fmt.file_crc(tmp)  # just written: read back from the page cache
             if fail is not None:
                 raise RuntimeError(fail)
+            if extra_bytes:
+                _write_extra(path, crc, extra_bytes, tag)
             manifest = fmt.Manifest("file", step, {path.name: fmt.FileEntry(size, crc)}, created=time.time(),
-                                    run_id=ckpt.run_id)
+                                    run_id=queue.run_id)
             fmt.write_manifest(tmp_manifest, manifest)
             # An old sidecar must not vouch for the new file, even for an instant.
             try:
@@ -234,6 +308,8 @@ def _save_path(
             os.rename(tmp, path)
             os.rename(tmp_manifest, sidecar(path))
             fmt.fsync_dir(path.parent)
+            if extra_bytes or EXTRAS:
+                _remove_old_extras(path, crc if extra_bytes else None)
         except BaseException:
             for leftover in (tmp, tmp_manifest):
                 try:
@@ -241,13 +317,13 @@ def _save_path(
                 except FileNotFoundError:
                     pass
             raise
-        ckpt.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=size,
+        queue.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=size,
                          path=str(path))
 
-    ckpt.submit(job, step, path)
-    ckpt.events.emit("ckpt_stall", step=step, seconds=round(time.monotonic() - t0, 6), waited=round(waited, 6),
-                     path=str(path))
-    ckpt.beat(force=True)
+    queue.submit(job, step, path)
+    queue.events.emit("ckpt_stall", step=step, seconds=round(time.monotonic() - t0, 6), waited=round(waited, 6),
+                      path=str(path))
+    queue.end()
 
 
 __all__ = ["install", "uninstall", "verify", "sidecar", "remove_leftovers"]

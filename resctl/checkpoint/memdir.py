@@ -5,7 +5,7 @@ Layout, one tree per job and node, in host shared memory (tmpfs, so it outlives 
 but not the node)::
 
     /dev/shm/resctl-<job>/          <job>: the run id (TORCHELASTIC_RUN_ID), else a hash of checkpoint.dir
-      rank-<R>/slot-0/ slot-1/      two checkpoint directories in the disk format (data-0.bin,
+      rank-<R>/slot-0/ slot-1/      the slots (resctl.checkpoint.slots): checkpoint directories in the disk format (data-0.bin,
                                     meta.pt, manifest.json written last), see resctl.checkpoint.memory
       replica/rank-<R>/slot-0|1/    the buddy copies of another node's ranks, kept by this node's
                                     replica server (resctl.checkpoint.replica), same format
@@ -25,10 +25,12 @@ import re
 import shutil
 from pathlib import Path
 
+from resctl.checkpoint import slots
+
 SHM_ENV = "RESCTL_SHM_DIR"
 DEFAULT_ROOT = "/dev/shm"
 PREFIX = "resctl-"
-SLOTS = 2
+SLOTS = slots.SLOTS  # how many, and which is next: resctl.checkpoint.slots
 
 
 def shm_root() -> Path:
@@ -75,11 +77,6 @@ def release_rank(key: str, rank: int, root: Path | None = None) -> None:
         job_dir(key, root).rmdir()
     except OSError:
         pass  # other ranks still hold theirs (or it is gone already)
-
-
-def tier_bytes(state_bytes: int, ranks_per_node: int) -> int:
-    """Host shared memory the tier needs on a node: two slots per rank."""
-    return SLOTS * state_bytes * ranks_per_node
 
 
 def write_private(path: Path, data: bytes) -> None:

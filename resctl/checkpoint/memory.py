@@ -42,11 +42,12 @@ from typing import Any, Callable, Mapping, MutableMapping
 import torch
 
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint import memdir, reader, replica, upload
+from resctl.checkpoint import memdir, reader, replica, slots, upload
 from resctl.checkpoint import state as st
-from resctl.checkpoint.crc import CHECKSUM, checksum, checksum_of, combine
+from resctl.checkpoint.crc import CHECKSUM, checksum, checksum_of
 from resctl.checkpoint.errors import CheckpointMismatch
 from resctl.checkpoint.replica import Replicator
+from resctl.checkpoint.replica_wire import WireError
 from resctl.telemetry.events import NULL_LOG, EventLog
 
 log = logging.getLogger("resctl.checkpoint.memory")
@@ -193,14 +194,14 @@ class MemoryTier:
         self.root = root
         self.dir = memdir.rank_dir(key, rank, root)
         self.events = events if events is not None else NULL_LOG
-        self._slots = [_Slot(self.dir / f"slot-{k}") for k in range(memdir.SLOTS)]
+        self._slots = [_Slot(self.dir / f"slot-{k}") for k in range(slots.SLOTS)]
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="resctl-mem")
         self._crc_pool = ThreadPoolExecutor(THREADS, thread_name_prefix="resctl-mem-crc")
         self._commit: Future[None] | None = None  # the newest commit (commits run one at a time, in order)
         self._arena_free = threading.Event()  # no commit is reading the engine's device arena
         self._arena_free.set()
         self._warming: Future[None] | None = None  # slots being mapped and pinned in the background
-        self._pins: list[Future[Any] | None] = [None] * memdir.SLOTS
+        self._pins: slots.Claims[Future[Any]] = slots.Claims()  # readers of a slot (disk writes, refills)
         self._last: int | None = None  # the slot written last (the next snapshot goes to the other)
         self._stream: Any = None  # CUDA stream of the background device-to-host copies
         #: Why the tier was turned off in this process (a failed snapshot), or None.
@@ -255,7 +256,7 @@ class MemoryTier:
         return snap, waited
 
     def _wait_pin(self, k: int) -> None:
-        pin, self._pins[k] = self._pins[k], None
+        pin = self._pins.release(k)
         if pin is not None:
             try:
                 pin.result()  # a disk write from this slot: it must finish reading first
@@ -283,24 +284,22 @@ class MemoryTier:
         if fut is not None:
             try:
                 fut.result()
-            except Exception:  # noqa: BLE001 - the slot is mapped inline by the save, which reports a failure
+            except Exception:
                 log.debug("warming the memory-tier slots failed", exc_info=True)
 
     def pin(self, slot: int, fut: Future[Any]) -> None:
         """A disk write reads slot `slot` until `fut` is done: the snapshot after next waits for it."""
-        self._pins[slot] = fut
+        self._pins.claim(slot, fut)
 
     def _choose(self) -> int:
-        """The slot the next snapshot goes to: the one not holding the newest snapshot, unless the
-        replicator is sending that one to the buddy; then the newest's slot is overwritten instead
-        (the snapshot being sent stays complete, and is what a kill during this copy falls back to)."""
-        k = self._target()
+        """The slot the next snapshot goes to (`slots.choose`: not the newest's, unless the
+        replicator is sending the other one)."""
+        last = self._target_last()
         rep = self.replicator
-        if rep is not None:
-            with rep.lock:
-                if rep.reading == k and self._last is not None and self._last != k:
-                    return self._last
-        return k
+        if rep is None:
+            return slots.choose(last, None)
+        with rep.lock:
+            return slots.choose(last, rep.reading)
 
     def _invalidate(self, k: int) -> None:
         """Remove slot `k`'s manifest, under the replicator's lock: a send starts only on a slot that
@@ -316,11 +315,12 @@ class MemoryTier:
             rep.wait_idle(1.0)
         self._slots[k].invalidate()
 
-    def _target(self) -> int:
+    def _target_last(self) -> int:
+        """The slot written last (at start: the newest complete one's, `slots.last_written`)."""
         if self._last is None:
             newest = self.newest()
-            self._last = newest[1] if newest else memdir.SLOTS - 1
-        return (self._last + 1) % memdir.SLOTS
+            self._last = slots.last_written(newest[1] if newest else None)
+        return self._last
 
     def _commit_slot(self, snap: Snapshot, device: torch.Tensor | None, staged_at: float, blocked: float,
                      waited: float) -> None:
@@ -480,7 +480,7 @@ class MemoryTier:
         if detach:
             # In the background: give back the pages of what was copied out, and allocate the
             # slot's replacement (the snapshot after next waits for it).
-            self._pins[v.slot] = self._exec.submit(self._refill, v.slot, v.data, copied, v.manifest.stream_bytes)
+            self._pins.claim(v.slot, self._exec.submit(self._refill, v.slot, v.data, copied, v.manifest.stream_bytes))
 
     def _refill(self, slot: int, data: mmap.mmap | None, copied: list[fmt.TensorSpec], total: int) -> None:
         _release_pages(data, copied)
@@ -498,7 +498,7 @@ class MemoryTier:
         if self.replicator is not None:
             try:
                 replica.forget(self.replicator.addr, self.key, self.rank, step)
-            except (replica.WireError, OSError) as err:
+            except (WireError, OSError) as err:
                 log.warning("could not drop the buddy's memory snapshots newer than step %d: %s", step, err)
 
     # --- the buddy node's copies (resctl.checkpoint.replica) ------------------------------------
@@ -520,7 +520,7 @@ class MemoryTier:
             return set()
         try:
             held = replica.listing(self.replicator.addr, self.key, self.rank)
-        except (replica.WireError, OSError) as err:
+        except (WireError, OSError) as err:
             log.warning("the buddy node's memory snapshots are out of reach (%s): %s", self.replicator.addr, err)
             return set()
         found = set()
@@ -539,7 +539,7 @@ class MemoryTier:
         assert self.replicator is not None
         self._wait_warm()  # a background mapping of the slot must not outlive the files it maps
         newest = self.newest()
-        k = (newest[1] + 1) % memdir.SLOTS if newest else 0
+        k = slots.fetch_slot(newest[1] if newest else None)
         self._wait_pin(k)
         slot = self._slots[k]
         with self.replicator.lock:
@@ -553,7 +553,7 @@ class MemoryTier:
         """Finish the commit in flight and unmap (the files stay for a restarted worker)."""
         try:
             self._wait_commit()
-        except Exception:  # noqa: BLE001 - an uncommitted snapshot has no manifest: never offered
+        except Exception:
             log.warning("memory snapshot commit failed", exc_info=True)
         self._wait_warm()
         if self.replicator is not None:

@@ -123,7 +123,7 @@ def fit_problems(saved: Mapping[str, Any], specs: tuple[fmt.TensorSpec, ...], cu
     module's parameter names, and the shape and dtype of every tensor found at the same place in
     both (an optimizer's per-parameter state may be absent before its first step)."""
     problems: list[str] = []
-    if set(saved) != set(current):
+    if set(saved) - st.OPTIONAL_ENTRIES != set(current) - st.OPTIONAL_ENTRIES:
         problems.append(f"names: saved {sorted(saved)}, state has {sorted(current)}")
     for name in saved.keys() & current.keys():
         _fit(saved[name], current[name], specs, name, problems, strict=_is_module_dict(current[name]))

@@ -39,9 +39,23 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from resctl.checkpoint import memdir
+from resctl.checkpoint import slots as slot_policy
 from resctl.checkpoint.replica_wire import (
-    ERR, FORGET, GET, LIST, OK, PUT, Payload, WireError, encode, expect_ok, invalidate, read_frame,
-    receive_into_slot, send_payload, slot_payload,
+    ERR,
+    FORGET,
+    GET,
+    LIST,
+    OK,
+    PUT,
+    Payload,
+    WireError,
+    encode,
+    expect_ok,
+    invalidate,
+    read_frame,
+    receive_into_slot,
+    send_payload,
+    slot_payload,
 )
 
 log = logging.getLogger("resctl.checkpoint.replica")
@@ -135,7 +149,7 @@ class ReplicaServer:
 
     def slots(self, rank: int) -> list[Path]:
         base = memdir.replica_dir(self.key, rank, self.root)
-        return [base / f"slot-{k}" for k in range(memdir.SLOTS)]
+        return [base / f"slot-{k}" for k in range(slot_policy.SLOTS)]
 
     @contextmanager
     def _rank_lock(self, rank: int) -> Iterator[None]:
@@ -173,10 +187,8 @@ class ReplicaServer:
             for slot, p in zip(slots, held):
                 if p is not None and p.step >= payload.step:  # a resumed job's abandoned timeline
                     invalidate(slot)
-            steps = [p.step if p is not None and p.step < payload.step else -1 for p in held]
-            newest = max(range(len(slots)), key=lambda k: steps[k])
-            target = slots[(newest + 1) % len(slots)] if steps[newest] >= 0 else slots[0]
-            receive_into_slot(conn, target, payload)
+            kept = [p.step if p is not None and p.step < payload.step else None for p in held]
+            receive_into_slot(conn, slots[slot_policy.receive_slot(kept)], payload)
             return {"step": payload.step}
         if op == LIST:
             return {"snapshots": [p.to_header() for p in held if p is not None]}

@@ -132,7 +132,7 @@ class Payload:
     data: tuple[int, int]
 
     @classmethod
-    def from_manifest(cls, text: str) -> "Payload":
+    def from_manifest(cls, text: str) -> Payload:
         """From a memory slot's manifest.json (its checksum is checked by the restoring reader)."""
         try:
             body = json.loads(text)["body"]
@@ -149,7 +149,7 @@ class Payload:
         return {"step": self.step, "manifest": self.manifest, "meta": list(self.meta), "data": list(self.data)}
 
     @classmethod
-    def from_header(cls, header: dict[str, Any]) -> "Payload":
+    def from_header(cls, header: dict[str, Any]) -> Payload:
         step, text = header.get("step"), header.get("manifest")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(text, str):
             raise WireError("bad step or manifest in replica header")

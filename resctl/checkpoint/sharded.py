@@ -37,6 +37,7 @@ from typing import Any, Callable, MutableMapping
 import torch
 import torch.distributed as dist
 
+from resctl.checkpoint import collectives
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import state as st
 
@@ -47,13 +48,6 @@ CRC_FILE = "shard-crcs-rank{rank}.json"
 
 def _flat(tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     return {f"t{i}": t for i, t in enumerate(tensors)}
-
-
-def _min_over_ranks(value: int) -> int:
-    dev = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()).lower() else torch.device("cpu")
-    flag = torch.tensor([value], dtype=torch.int64, device=dev)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return int(flag.item())
 
 
 def save(
@@ -101,7 +95,7 @@ def save(
         except Exception as err:  # noqa: BLE001
             error = err
             shutil.rmtree(tmp, ignore_errors=True)
-    if _min_over_ranks(0 if error is not None else 1) == 0:
+    if collectives.min_over_ranks(0 if error is not None else 1) == 0:
         raise error if error is not None else RuntimeError("another rank failed to write its shards (see its log)")
     return total
 

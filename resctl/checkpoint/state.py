@@ -18,6 +18,12 @@ import torch
 
 from resctl.checkpoint.format import TENSOR_MARK
 
+#: The zero-edit data position's entry (resctl.checkpoint.dataposition). Optional on both sides: a
+#: checkpoint without it loads into a state with it and the other way round (the option was turned on
+#: or off between runs); it is never put into a state that does not ask for it.
+DATA_POSITION = "__resctl_data_position__"
+OPTIONAL_ENTRIES = frozenset({DATA_POSITION})
+
 
 class UnsupportedState(TypeError):
     """A value resctl cannot save with weights_only-safe loading (the message names where it is)."""
@@ -154,6 +160,8 @@ def decode_meta(data: bytes) -> dict[str, Any]:
 def restore(state: MutableMapping[str, Any], entries: Mapping[str, Any], stateful: list[str]) -> None:
     """Put loaded `entries` into `state` in place."""
     for name, value in entries.items():
+        if name in OPTIONAL_ENTRIES and name not in state:
+            continue
         current = state.get(name)
         if name in stateful and current is not None and is_stateful(current):
             current.load_state_dict(value)

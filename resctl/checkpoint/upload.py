@@ -26,7 +26,6 @@ import torch
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint.crc import checksum, combine
 
-
 # Bytes per bounce buffer: 2 per worker, pinned when any destination is on CUDA. A restarted worker
 # allocates them cold, and pinning costs more than the pass gains from big chunks: one H200 host,
 # 6.44 GB, 8 workers, each pass in a fresh process (bench/gpu_restore_profile.py --cold-only):
@@ -128,7 +127,7 @@ class _Bounce:
         self._ctx: contextlib.AbstractContextManager[object] = (
             torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext())
 
-    def __enter__(self) -> "_Bounce":
+    def __enter__(self) -> _Bounce:
         self._ctx.__enter__()
         return self
 

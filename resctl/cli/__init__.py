@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import typer
+import typer.core
 
 from resctl import __version__
 from resctl.cli import doctor_cmd, profile_cmd, report_cmd, run_cmd, tune_cmd
@@ -51,6 +53,49 @@ app.command("tune-interval", epilog=tune_cmd.EPILOG)(tune_cmd.tune_interval)
 app.command("report", epilog=report_cmd.EPILOG)(report_cmd.report)
 
 
+#: Metavars where the option's name upper-cased (argparse's and so torchrun's way) says less.
+METAVARS = {"set_": "KEY=VALUE", "profile": "FILE"}
+
+
+def command() -> Any:
+    """The click command of `app`, its help showing what a value is (`--nnodes NNODES`,
+    `--set KEY=VALUE`), as torchrun's does, instead of Python types (`<list[str]>`)."""
+    import typer.main
+
+    root: Any = typer.main.get_command(app)  # a TyperGroup: it has .commands
+
+    def walk(cmd: Any) -> None:
+        for param in cmd.params:
+            if isinstance(param, typer.core.TyperArgument):
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]  # SCRIPT, not SCRIPT <str>
+                param.metavar = param.metavar or (param.name or "").upper()
+            elif param.metavar is None and not getattr(param, "is_flag", False):
+                name = param.name or ""
+                param.metavar = METAVARS.get(name, name.rstrip("_").upper())
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    walk(root)
+    _defaults_in_help(root.commands["run"])
+    return root
+
+
+def _defaults_in_help(run: Any) -> None:
+    """`resctl run --help` states each profile flag's key and default, read from the schema when
+    the page is shown: other commands (and `resctl --help`) do not import the schema."""
+    from resctl.cli.torchrun_flags import BY_DEST, help_text
+
+    format_help = run.format_help
+
+    def with_defaults(ctx: Any, formatter: Any) -> None:
+        for param in run.params:
+            if param.name in BY_DEST:
+                param.help = help_text(BY_DEST[param.name])
+        format_help(ctx, formatter)
+
+    run.format_help = with_defaults
+
+
 INTERNAL = "internal error (a bug in resctl):"
 
 
@@ -59,7 +104,7 @@ def main() -> None:
 
     debug = os.environ.get("RESCTL_DEBUG") == "1"
     try:
-        app(prog_name="resctl")
+        command()(prog_name="resctl")
     except ResctlError as err:
         if debug:
             raise

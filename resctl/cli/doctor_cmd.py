@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, List, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -17,23 +17,25 @@ EPILOG = (
 STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
 
 
-def _names(values: Optional[List[str]]) -> list[str]:
+def _names(values: list[str] | None) -> list[str]:
     return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
 
 
 def doctor(
-    profile: Annotated[Optional[Path], typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")] = None,
-    set_: Annotated[Optional[List[str]], typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")] = None,
+    profile: Annotated[Path | None, typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout (schema in docs/doctor.md).")] = False,
-    only: Annotated[Optional[List[str]], typer.Option("--only", help="Run only these probes (comma-separated or repeated).")] = None,
-    skip: Annotated[Optional[List[str]], typer.Option("--skip", help="Leave out these probes.")] = None,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Run only these probes (comma-separated or repeated).")] = None,
+    skip: Annotated[list[str] | None, typer.Option("--skip", help="Leave out these probes.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on warnings too.")] = False,
     deep: Annotated[bool, typer.Option("--deep", help="Also benchmark every GPU (matmul, host<->device, GPU-to-GPU); imports torch.")] = False,
-    directory: Annotated[Optional[str], typer.Option("--dir", help="Directory the storage probe tests (default: checkpoint.dir).")] = None,
-    storage_mb: Annotated[Optional[int], typer.Option("--storage-mb", min=0, help="MB the storage test writes (doctor.storage_test_mb); 0 skips it.")] = None,
+    directory: Annotated[str | None, typer.Option("--dir", help="Directory the storage probe tests (default: checkpoint.dir).")] = None,
+    storage_mb: Annotated[int | None, typer.Option("--storage-mb", min=0, help="MB the storage test writes (doctor.storage_test_mb); 0 skips it.")] = None,
     root: Annotated[Path, typer.Option("--root", help="Read /sys, /proc, /dev and nvml.json under this node snapshot instead of this machine.")] = Path("/"),
 ) -> None:
-    """Check that this node is fit to train: GPUs, NVLink, EFA, storage, /dev/shm, memlock, env, DNS, clock, memory.
+    """Check that this node is fit to train.
+
+    GPUs, NVLink, EFA, storage, /dev/shm, memlock, env, DNS, clock, memory.
 
     Probes: gpu, nvlink, efa, storage, shm, memlock, env, dns, clock, memory.
     """
@@ -91,7 +93,7 @@ class _progress:
         self.bar: Any = None
         self.tasks: dict[str, Any] = {}
 
-    def __enter__(self) -> Optional[Any]:
+    def __enter__(self) -> Any | None:
         if not self.console.is_terminal:
             return None
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
@@ -111,6 +113,11 @@ class _progress:
             self.bar.stop()
 
 
+def expected_unit(check: Any) -> str:
+    """" GB" after an expected 1.0, as after the measured value; nothing after words ("1 or unset")."""
+    return f" {check.unit}" if check.unit and isinstance(check.expected, (int, float)) else ""
+
+
 def _table(console: Any, report: Any, strict: bool) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -118,19 +125,27 @@ def _table(console: Any, report: Any, strict: bool) -> None:
     e = report.expectations
     title = f"resctl doctor: {report.host}" + (f" ({e['instance_type']}, {e['instance_source']})"
                                                if e.get("instance_type") else "")
-    table = Table("probe", "check", "status", "measured", "expected", "detail", title=title, title_justify="left")
+    table = Table(title=title, title_justify="left")
+    table.add_column("check", no_wrap=True)  # probe.check in one column: the detail gets the width
+    table.add_column("status", no_wrap=True)
+    # the detail names what to set (TORCH_NCCL_ASYNC_ERROR_HANDLING=...): on a 100-column terminal
+    # it keeps room for such a name whole, as measured and expected wrap first; nothing is cut
+    table.add_column("measured", overflow="fold", max_width=12)
+    table.add_column("expected", overflow="fold", max_width=12)
+    table.add_column("detail", overflow="fold")
     for i, probe in enumerate(report.probes):
         if i:
             table.add_section()
-        for j, c in enumerate(probe.checks):
+        for c in probe.checks:
             unit = f" {c.unit}" if c.unit and c.measured is not None else ""
             detail = Text(c.message)
             if c.fix:
                 detail.append(f"\nfix: {c.fix}", style="cyan")
-            table.add_row(probe.probe if j == 0 else "", c.name, Text(c.status.value, style=STYLE[c.status.value]),
+            table.add_row(probe.probe if c.name == "-" else f"{probe.probe}.{c.name}",
+                          Text(c.status.value, style=STYLE[c.status.value]),
                           "" if c.measured is None else f"{c.measured}{unit}",
-                          "" if c.expected is None else str(c.expected), detail)
-    console.print(table)
+                          "" if c.expected is None else f"{c.expected}{expected_unit(c)}", detail)
+    console.print(table, soft_wrap=False)  # soft wrap would let a table run past the terminal's width
     counts = report.counts()
     verdict = "FIT" if report.exit_code(strict) == 0 else "NOT FIT"
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)

@@ -21,7 +21,9 @@ def render(launch_plan: LaunchPlan) -> None:
     _print("\n# environment added")
     for name, value in sorted(launch_plan.env.items()):
         _print(f"{name}={shlex.quote(redact_value(name, value))}")
-    _print("\n# files written before launch")
+    _print("\n# what a run creates before launch (a dry run creates nothing)")
+    for directory in launch_plan.dirs:
+        _print(f"{directory}/")
     for path in launch_plan.files:
         _print(str(path))
     _print(f"\n# where each setting came from (NVRx {launch_plan.nvrx_version}, series {launch_plan.nvrx_series})")

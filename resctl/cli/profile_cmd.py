@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,9 +13,9 @@ from resctl.cli.render import info, out_console
 app = typer.Typer(help="Inspect, create and check resctl profiles.", no_args_is_help=True, rich_markup_mode=None)
 
 ProfileOpt = Annotated[
-    Optional[Path], typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")
+    Path | None, typer.Option("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")
 ]
-SetOpt = Annotated[Optional[List[str]], typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")]
 
 
 @app.command("show", epilog="Example: resctl profile show -p examples/profiles/eks-p5.toml --set launch.max_restarts=5")
@@ -71,14 +71,22 @@ def init(
 
 @app.command("validate", epilog="Example: resctl profile validate examples/profiles/eks-p5.toml")
 def validate(path: Annotated[Path, typer.Argument(help="Profile file to check.")]) -> None:
-    """Check a profile file with every rule `resctl run` applies (no environment or flags), and that its
-    grace periods nest; exit 2 with every problem."""
+    """Check a profile file as `resctl run` would.
+
+    Every rule `resctl run` applies (no environment or flags), and that its grace periods nest;
+    exit 2 with every problem.
+    """
     from resctl.errors import ProfileError
     from resctl.launch.execute import nvrx_version
     from resctl.profile import grace
     from resctl.profile.load import resolve
 
-    resolved = resolve(path, use_env=False)
+    try:
+        resolved = resolve(path, use_env=False)
+    except ProfileError as err:  # every problem in one pass: the grace rules too, on the keys that are valid
+        if err.partial is None:
+            raise
+        raise ProfileError(err.problems + grace.problems(err.partial, str(path))) from None  # type: ignore[arg-type]
     nvrx_version(resolved)  # the launcher's own rules (restart policy of the NVRx version), as `run` checks them
     problems = grace.problems(resolved.profile, str(path))
     if problems:

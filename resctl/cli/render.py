@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional, TextIO
+from typing import TextIO
 
 from rich.console import Console
 from rich.text import Text
@@ -14,7 +14,7 @@ from rich.text import Text
 LOG_WIDTH = 200
 
 
-def _width(stream: TextIO) -> Optional[int]:
+def _width(stream: TextIO) -> int | None:
     try:
         terminal = stream.isatty()
     except (AttributeError, ValueError):

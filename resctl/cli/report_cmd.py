@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -50,9 +50,12 @@ def load_analysis(run_dir: Path) -> Any:
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (holds events-rank*.jsonl).")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
-    html: Annotated[Optional[Path], typer.Option("--html", help="Also write a self-contained HTML report with plots.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report with plots.")] = None,
 ) -> None:
-    """Training and infrastructure goodput, per-fault recovery, rollback and checkpoint freshness of a run."""
+    """Goodput and recovery of a run: text, JSON or HTML.
+
+    Training and infrastructure goodput, per-fault recovery, rollback and checkpoint freshness.
+    """
     from resctl.cli.render import info
     from resctl.errors import UsageError
 
@@ -70,6 +73,15 @@ def report(
         _render(analysis)
     if html is not None:
         info(f"wrote {html}")
+
+
+#: The recovery phases of the stats table, in order (resctl.telemetry.goodput's module docstring
+#: defines them; bench/scale measures the coordination ones at N simulated nodes).
+RECOVERY_PHASES = (
+    ("total", "total (fault -> first step)"), ("detection", "detect"), ("stop", "stop"),
+    ("rendezvous", "rendezvous"), ("start_workers", "start workers"),
+    ("restart", "restart (stop + rendezvous + start)"), ("load", "restore"), ("first_step", "first step"),
+)
 
 
 def _num(value: float | None, fmt: str = ".2f") -> str:
@@ -110,20 +122,25 @@ def _render(a: Any) -> None:
 
     if a.recoveries:
         stats = Table("recovery (s)", "p50", "p95", "max", title=f"recovery of {len(a.recoveries)} fault(s)")
-        for phase in ("total", "detection", "restart", "load", "first_step"):
-            s = a.recovery_stats[phase]
-            stats.add_row(phase.replace("_", " "), _num(s["p50"]), _num(s["p95"]), _num(s["max"]))
+        for phase, label in RECOVERY_PHASES:
+            s = a.recovery_stats.get(phase)
+            if s is not None and s["count"]:
+                stats.add_row(label, _num(s["p50"]), _num(s["p95"]), _num(s["max"]))
         r = a.rollback_stats
         stats.add_row("rollback (steps)", _num(r["p50"], ".0f"), _num(r["p95"], ".0f"), _num(r["max"], ".0f"))
         out_console.print(stats)
-        per = Table("t (s)", "fault", "detect", "restart", "load", "1st step", "total", "rollback", title="faults (s)")
-        for rec in a.recoveries:
+        per = Table("#", "t (s)", "fault", "total (s)", "rollback", title="faults")
+        phases = Table("#", "detect", "stop", "rendezvous", "start workers", "restore", "first step",
+                       title="recovery phases per fault (s)")
+        for i, rec in enumerate(a.recoveries, 1):
             who = "" if rec.rank is None else f" r{rec.rank}"
-            per.add_row(f"{rec.t_fault:.1f}", f"{rec.layer}: {rec.cause}{who}" + ("*" if rec.injected else ""),
-                        _num(rec.detection), _num(rec.restart), _num(rec.load), _num(rec.first_step),
+            per.add_row(str(i), f"{rec.t_fault:.1f}", f"{rec.layer}: {rec.cause}{who}" + ("*" if rec.injected else ""),
                         _num(rec.total) if rec.total is not None else "none",
                         f"{rec.last_step}->{rec.resumed_step}" + (f" ({rec.tier})" if rec.tier else ""))
+            phases.add_row(str(i), _num(rec.detection), _num(rec.stop), _num(rec.rendezvous), _num(rec.start_workers),
+                           _num(rec.load), _num(rec.first_step))
         out_console.print(per)
+        out_console.print(phases)
         if any(rec.injected for rec in a.recoveries):
             out_console.print("* injected by a fault drill")
         causes = Table("restart cause", "count", title="restart causes")

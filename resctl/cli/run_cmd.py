@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,15 +22,18 @@ Opt = typer.Option
 
 def run(
     script: Annotated[str, typer.Argument(help="Training script (or module with -m, or program with --no-python).")],
-    script_args: Annotated[Optional[List[str]], typer.Argument(help="Arguments passed to the script.")] = None,
-    profile: Annotated[Optional[Path], Opt("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")] = None,
-    set_: Annotated[Optional[List[str]], Opt("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")] = None,
+    script_args: Annotated[list[str] | None, typer.Argument(help="Arguments passed to the script.")] = None,
+    profile: Annotated[Path | None, Opt("-p", "--profile", help="Profile file (default: ./resctl.toml when present).")] = None,
+    set_: Annotated[list[str] | None, Opt("--set", help="Override one key: SECTION.KEY=VALUE (repeatable).")] = None,
     dry_run: Annotated[bool, Opt("--dry-run", help="Print the command, its environment and the source of every setting; start nothing.")] = False,
     preflight: Annotated[bool, Opt("--preflight", help="Run `resctl doctor` first; a failed check starts nothing (exit 1).")] = False,
     verbose: Annotated[bool, Opt("-v", "--verbose", help="Show the launcher's and rank monitors' log on the console (else <run_dir>/launcher.log).")] = False,
     **flags: object,  # torchrun's flags: resctl.cli.torchrun_flags.FLAGS (see __signature__ below)
 ) -> None:
-    """Start SCRIPT on every worker under NVRx ft_launcher, with resctl's profile and shim."""
+    """Start SCRIPT on every worker, as torchrun does.
+
+    The workers run under NVRx ft_launcher, with resctl's profile and shim.
+    """
     from resctl.cli.render import info
     from resctl.errors import UsageError
     from resctl.launch import execute

@@ -10,7 +10,8 @@ Where a flag goes (`Flag.to`):
 
 - `profile`: the profile key `Flag.key` (its schema documents it; `resctl run --dry-run` shows
   where every value came from). resctl's defaults are the AWS ones, not torchrun's: c10d
-  rendezvous, 3 restarts, a 5 s monitor interval (docs/profiles.md).
+  rendezvous, 3 restarts, a 5 s monitor interval; `resctl run --help` shows each flag's key and
+  default, read from the schema.
 - `launcher`: passed to ft_launcher unchanged (torchrun's meaning, ft_launcher's implementation).
 - `target`: how the worker runs the script (-m, --no-python; --run-path is what resctl's forked
   workers do anyway).
@@ -22,7 +23,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Mapping, Optional
+from typing import Annotated, Any, Callable, Mapping
 
 import typer
 
@@ -37,8 +38,18 @@ class Flag:
     to: str  # profile, launcher, target, refused, resctl
     key: str = ""  # the profile key (to = profile/resctl)
     type: type = str  # str, int or bool (a switch)
-    check: Optional[Callable[[Any], Optional[str]]] = None  # value -> what is wrong with it, or None
+    check: Callable[[Any], str | None] | None = None  # value -> what is wrong with it, or None
     noop: Any = None  # a refused flag's value that changes nothing (torchrun's default): accepted
+    choices: tuple[str, ...] = ()  # the values it takes, when they are a fixed list (checked, completed)
+
+    def __post_init__(self) -> None:
+        if self.choices and self.check is None:
+            object.__setattr__(self, "check", _choice(*self.choices))
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """The underscore spellings torchrun also accepts: taken, but not offered by completion."""
+        return tuple(name for name in self.names if name.startswith("--") and "_" in name)
 
     @property
     def shown(self) -> str:
@@ -50,38 +61,38 @@ _NPROC = re.compile(r"^(auto|cpu|gpu|xpu|[1-9][0-9]*)$")
 _NNODES = re.compile(r"^([1-9][0-9]*)(:([1-9][0-9]*))?$")
 
 
-def _nproc(value: str) -> Optional[str]:
+def _nproc(value: str) -> str | None:
     if _NPROC.match(value.strip()):
         return None
     return f"{value!r} is not a number of workers: give a positive integer, or auto, gpu, cpu, xpu (as torchrun)"
 
 
-def _nnodes(value: str) -> Optional[str]:
+def _nnodes(value: str) -> str | None:
     match = _NNODES.match(value.strip())
     if match and (match.group(3) is None or int(match.group(1)) <= int(match.group(3))):
         return None
     return f"{value!r} is not a node count: give N or MIN:MAX with 1 <= MIN <= MAX (as torchrun)"
 
 
-def _key_values(value: str) -> Optional[str]:
+def _key_values(value: str) -> str | None:
     bad = [kv for kv in value.split(",") if "=" not in kv]
     return f"{bad[0]!r} is not KEY=VALUE; write --rdzv-conf key=value,key2=value2" if bad else None
 
 
-def _positive(value: int) -> Optional[str]:
+def _positive(value: int) -> str | None:
     return None if value > 0 else f"{value} must be positive"
 
 
-def _not_negative(value: int) -> Optional[str]:
+def _not_negative(value: int) -> str | None:
     return None if value >= 0 else f"{value} must be 0 or more"
 
 
-def _port(value: int) -> Optional[str]:
+def _port(value: int) -> str | None:
     return None if 0 < value < 65536 else f"{value} is not a TCP port (1-65535)"
 
 
-def _choice(*allowed: str) -> Callable[[str], Optional[str]]:
-    def check(value: str) -> Optional[str]:
+def _choice(*allowed: str) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
         return None if value in allowed else f"{value!r} is not one of {', '.join(allowed)}"
 
     return check
@@ -105,18 +116,19 @@ FLAGS: tuple[Flag, ...] = (
     Flag("node_rank", _names("node_rank"), "This node's rank (static rendezvous).", "profile", "launch.node_rank",
          int, _not_negative),
     Flag("rdzv_backend", _names("rdzv_backend"), "Rendezvous backend (ft_launcher: c10d).", "profile",
-         "launch.rdzv_backend", check=_choice("c10d")),
+         "launch.rdzv_backend", choices=("c10d",)),
     Flag("rdzv_endpoint", _names("rdzv_endpoint"), "Rendezvous HOST:PORT, or auto.", "profile", "launch.rdzv_endpoint"),
     Flag("rdzv_id", _names("rdzv_id"), "Job id shared by all nodes.", "profile", "launch.rdzv_id"),
     Flag("rdzv_conf", _names("rdzv_conf"), "Extra rendezvous settings k=v,k=v.", "profile", "launch.rdzv_conf",
          check=_key_values),
     Flag("standalone", ("--standalone",), "Single-node rendezvous on a free port.", "profile", "launch.standalone", bool),
-    Flag("max_restarts", _names("max_restarts"), "In-job restarts before failing (resctl default 3).", "profile",
+    Flag("max_restarts", _names("max_restarts"), "In-job restarts before failing.", "profile",
          "launch.max_restarts", int, _not_negative),
     Flag("monitor_interval", _names("monitor_interval"), "Launcher poll interval: seconds or 5s, 500ms "
-         "(resctl default 5s; a worker's exit is seen at once).", "profile", "launch.monitor_interval"),
-    Flag("start_method", _names("start_method"), "spawn, fork or forkserver (default: fork from the launcher).",
-         "profile", "launch.start_method", check=_choice("spawn", "fork", "forkserver")),
+         "(a worker's exit is seen at once).", "profile", "launch.monitor_interval"),
+    Flag("start_method", _names("start_method"), "fork: workers forked from the launcher, which has imported torch; spawn, "
+         "forkserver: each worker a fresh interpreter.",
+         "profile", "launch.start_method", choices=("fork", "spawn", "forkserver")),
     _refused("event_log_handler", "not in NVRx's ft_launcher (null, torchrun's default, is accepted)", noop="null"),
     Flag("role", _names("role"), "User-defined role of the workers.", "launcher"),
     Flag("module", ("-m", "--module"), "Run SCRIPT as a module (python -m).", "target", type=bool),
@@ -146,11 +158,21 @@ FLAGS: tuple[Flag, ...] = (
          "launch.run_dir"),
     Flag("metrics_port", ("--metrics-port",), "Serve Prometheus metrics on this port (0: a free one).", "resctl",
          "launch.metrics_port", int, _not_negative),
-    Flag("metrics_addr", ("--metrics-addr",), "Address metrics listen on (default 0.0.0.0; 127.0.0.1 keeps them "
-         "on the node).", "resctl", "launch.metrics_addr"),
+    Flag("metrics_addr", ("--metrics-addr",), "Address metrics listen on (127.0.0.1 keeps them on the node).", "resctl", "launch.metrics_addr"),
 )
 BY_DEST = {flag.dest: flag for flag in FLAGS}
 TORCHRUN_DESTS = tuple(flag.dest for flag in FLAGS if flag.to != "resctl")
+
+
+def help_text(flag: Flag) -> str:
+    """The flag's help; a profile flag's default and key come from the schema (one source). Read
+    when `resctl run --help` is shown (`resctl.cli.command`), so other commands never load the schema."""
+    if flag.to not in ("profile", "resctl") or flag.type is bool:
+        return flag.help
+    from resctl.profile.render import default_text
+
+    shown = default_text(flag.key)
+    return f"{flag.help} [{flag.key}" + (f", default {shown}]" if shown else "]")
 
 
 def options() -> list[inspect.Parameter]:
@@ -161,7 +183,7 @@ def options() -> list[inspect.Parameter]:
             hint: Any = Annotated[bool, typer.Option(*flag.names, help=flag.help)]
             default: Any = False
         else:
-            hint = Annotated[Optional[flag.type], typer.Option(*flag.names, help=flag.help)]  # type: ignore[name-defined]
+            hint = Annotated[flag.type | None, typer.Option(*flag.names, help=flag.help)]  # type: ignore[name-defined]
             default = None
         params.append(inspect.Parameter(flag.dest, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
     return params

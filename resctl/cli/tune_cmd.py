@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -33,7 +33,7 @@ EPILOG = (
 Opt = typer.Option
 
 
-def _duration(name: str, value: Optional[str]) -> Optional[float]:
+def _duration(name: str, value: str | None) -> float | None:
     from resctl.errors import UsageError
     from resctl.profile.units import parse_duration
 
@@ -45,7 +45,7 @@ def _duration(name: str, value: Optional[str]) -> Optional[float]:
         raise UsageError(f"{name}: {err}") from None
 
 
-def _size(name: str, value: Optional[str]) -> Optional[float]:
+def _size(name: str, value: str | None) -> float | None:
     from resctl.errors import UsageError
     from resctl.tuning.inputs import parse_size
 
@@ -73,29 +73,32 @@ def _fraction(name: str, value: str) -> float:
 
 
 def tune_interval(
-    from_run: Annotated[Optional[Path], Opt("--from-run", help="Run directory whose events calibrate the model.")] = None,
-    step_time: Annotated[Optional[str], Opt("--step-time", help="Compute time of one optimizer step (e.g. 2.8s, 94ms).")] = None,
-    stall: Annotated[Optional[str], Opt("--stall", help="Time one save blocks training, not counting waits for an earlier save (async: staging).")] = None,
-    write_time: Annotated[Optional[str], Opt("--write-time", help="Time from staged to durable for one checkpoint (e.g. 275s).")] = None,
-    state_size: Annotated[Optional[str], Opt("--state-size", help="Checkpoint size per writer (e.g. 6.44GB); with --write-bw gives the write time.")] = None,
-    write_bw: Annotated[Optional[str], Opt("--write-bw", help="Write bandwidth (e.g. 1.3GB/s).")] = None,
-    restart: Annotated[Optional[str], Opt("--restart", help="Restart cost: fault to the first step after recovery (e.g. 17s).")] = None,
-    mtbf: Annotated[Optional[str], Opt("--mtbf", help="Mean time between failures of ONE node (e.g. 24h); divided by --nodes.")] = None,
+    from_run: Annotated[Path | None, Opt("--from-run", help="Run directory whose events calibrate the model.")] = None,
+    step_time: Annotated[str | None, Opt("--step-time", help="Compute time of one optimizer step (e.g. 2.8s, 94ms).")] = None,
+    stall: Annotated[str | None, Opt("--stall", help="Time one save blocks training, not counting waits for an earlier save (async: staging).")] = None,
+    write_time: Annotated[str | None, Opt("--write-time", help="Time from staged to durable for one checkpoint (e.g. 275s).")] = None,
+    state_size: Annotated[str | None, Opt("--state-size", help="Checkpoint size per writer (e.g. 6.44GB); with --write-bw gives the write time.")] = None,
+    write_bw: Annotated[str | None, Opt("--write-bw", help="Write bandwidth (e.g. 1.3GB/s).")] = None,
+    restart: Annotated[str | None, Opt("--restart", help="Restart cost: fault to the first step after recovery (e.g. 17s).")] = None,
+    mtbf: Annotated[str | None, Opt("--mtbf", help="Mean time between failures of ONE node (e.g. 24h); divided by --nodes.")] = None,
     nodes: Annotated[int, Opt("--nodes", min=1, help="Nodes in the job.")] = 1,
-    interval: Annotated[Optional[int], Opt("--interval", min=1, help="The interval the job uses now, in steps (default: the run's).")] = None,
-    sync: Annotated[Optional[bool], Opt("--sync/--async", help="How the job saves (default: the run's checkpoint.async, else async).")] = None,
-    write_slowdown: Annotated[Optional[float], Opt("--write-slowdown", min=1.0, help="Step compute while a background write runs over step compute without one (c_w/c_0; default: measured by --from-run, else 1.0).")] = None,
+    interval: Annotated[int | None, Opt("--interval", min=1, help="The interval the job uses now, in steps (default: the run's).")] = None,
+    sync: Annotated[bool | None, Opt("--sync/--async", help="How the job saves (default: the run's checkpoint.async, else async).")] = None,
+    write_slowdown: Annotated[float | None, Opt("--write-slowdown", min=1.0, help="Step compute while a background write runs over step compute without one (c_w/c_0; default: measured by --from-run, else 1.0).")] = None,
     headroom: Annotated[float, Opt("--headroom", min=1.0, help="Async: keep the compute between saves >= this x the write time.")] = 1.2,
-    mem_stall: Annotated[Optional[str], Opt("--mem-stall", help="Time one memory snapshot blocks training (the copy out of the state; default: the run's ckpt_mem).")] = None,
-    mem_commit: Annotated[Optional[str], Opt("--mem-commit", help="Background commit of one memory snapshot: checksum, manifest (stage=device: also the device-to-host copy).")] = None,
-    memory_every: Annotated[Optional[int], Opt("--memory-every", min=1, help="The memory_every the job uses now (default: the run's).")] = None,
-    node_mtbf: Annotated[Optional[str], Opt("--node-mtbf", help="Mean time between faults that lose a node's memory, of ONE node (>= --mtbf); default: every fault may.")] = None,
+    mem_stall: Annotated[str | None, Opt("--mem-stall", help="Time one memory snapshot blocks training (the copy out of the state; default: the run's ckpt_mem).")] = None,
+    mem_commit: Annotated[str | None, Opt("--mem-commit", help="Background commit of one memory snapshot: checksum, manifest (stage=device: also the device-to-host copy).")] = None,
+    memory_every: Annotated[int | None, Opt("--memory-every", min=1, help="The memory_every the job uses now (default: the run's).")] = None,
+    node_mtbf: Annotated[str | None, Opt("--node-mtbf", help="Mean time between faults that lose a node's memory, of ONE node (>= --mtbf); default: every fault may.")] = None,
     max_overhead: Annotated[str, Opt("--max-overhead", help="Two tiers: fault-free overhead allowed for both tiers together (e.g. 1%).")] = "1%",
     as_json: Annotated[bool, Opt("--json", help="One JSON document on stdout.")] = False,
     as_toml: Annotated[bool, Opt("--toml", help="Print the plan as a profile's [checkpoint] section on stdout.")] = False,
-    write_profile: Annotated[Optional[Path], Opt("--write-profile", help="Set [checkpoint] interval_steps (and memory_every with two tiers) in this TOML profile (rest of the file kept).")] = None,
+    write_profile: Annotated[Path | None, Opt("--write-profile", help="Set [checkpoint] interval_steps (and memory_every with two tiers) in this TOML profile (rest of the file kept).")] = None,
 ) -> None:
-    """Recommend checkpoint.interval_steps (and memory_every) from measured step, stall, write, snapshot and restart times."""
+    """Recommend a checkpoint interval for a job.
+
+    checkpoint.interval_steps (and memory_every) from measured step, stall, write, snapshot and restart times.
+    """
     from resctl.errors import UsageError
     from resctl.tuning.inputs import Inputs, MemoryInputs, MissingInput, assemble
     from resctl.tuning.model import recommend

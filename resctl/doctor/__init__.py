@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping
 
 from resctl.doctor.context import Context, Progress, installed_cuda_runtime
-from resctl.doctor.expectations import Expectations, resolve as resolve_expectations
+from resctl.doctor.expectations import Expectations
+from resctl.doctor.expectations import resolve as resolve_expectations
 from resctl.doctor.nvml import Nvml
 from resctl.doctor.result import Check, ProbeResult, Report, Status
 from resctl.doctor.runner import PROBES, run, select
@@ -45,30 +46,35 @@ def make_context(
     profile: Profile,
     *,
     root: Path = Path("/"),
-    env: Optional[Mapping[str, str]] = None,
-    checkpoint_dir: Optional[str] = None,
+    env: Mapping[str, str] | None = None,
+    checkpoint_dir: str | None = None,
     deep: bool = False,
-    nvml_factory: Optional[Callable[[], Nvml]] = None,
-    progress: Optional[Progress] = None,
+    nvml_factory: Callable[[], Nvml] | None = None,
+    progress: Progress | None = None,
     explicit: frozenset[str] = frozenset(),
-    cwd: Optional[Path] = None,
+    cwd: Path | None = None,
 ) -> Context:
     """Build the probes' Context for a resolved profile.
 
     Args:
         root: "/" probes this machine; another directory is read as a node snapshot.
-        env: the launcher's environment (default os.environ); the profile's launch.env is laid over it.
+        env: the launcher's environment (default os.environ); the profile's launch.env and what the
+            plan adds for the workers (`launch.plan.inprocess_env`) are laid over it.
         checkpoint_dir: the directory to test instead of checkpoint.dir. A relative path is taken
             from `cwd` on a live node and from the root of a snapshot.
         explicit: dotted profile keys the user set (see `expectations.resolve`).
     """
+    from resctl.launch.plan import inprocess_env
+
     root = Path(root)
     env = dict(os.environ if env is None else env)
     env.update(profile.launch.env)
+    added = inprocess_env(profile, env)  # what the plan sets for the workers (NCCL_NVLS_ENABLE=0, ...)
+    env.update(added)
     directory = checkpoint_dir or profile.checkpoint.dir
     if not os.path.isabs(directory):
         base = str(cwd or Path.cwd()) if root == Path("/") else "/"
         directory = os.path.normpath(os.path.join(base, directory))
     return Context(root=root, expect=resolve_expectations(profile, root, explicit), profile=profile, env=env,
-                   checkpoint_dir=directory, deep=deep, nvml_factory=nvml_factory,
+                   checkpoint_dir=directory, deep=deep, nvml_factory=nvml_factory, planned_env=added,
                    cuda_runtime=installed_cuda_runtime(), progress=progress)

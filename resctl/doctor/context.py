@@ -14,7 +14,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping
 
 from resctl.doctor.expectations import Expectations
 from resctl.doctor.nvml import Nvml, NvmlUnavailable, PynvmlAdapter, SnapshotNvml
@@ -40,7 +40,9 @@ class Context:
         root: where the node's /sys, /proc, /dev and mounts are read.
         expect: what the node should have.
         profile: the resolved profile (checkpoint dir, rendezvous, in-process settings).
-        env: the environment the workers will see: the launcher's plus the profile's launch.env.
+        env: the environment the workers will see: the launcher's plus the profile's launch.env plus
+            what the plan adds (in-process restart's NCCL settings).
+        planned_env: the part of `env` the plan adds (so a verdict can say resctl set it).
         checkpoint_dir: the directory the storage probe tests, as the job will see it.
         deep: run the GPU benchmarks (imports torch).
         nvml_factory: makes the NVML adapter; called at most once, lazily, by the first probe
@@ -56,12 +58,13 @@ class Context:
     env: Mapping[str, str]
     checkpoint_dir: str
     deep: bool = False
-    nvml_factory: Optional[Callable[[], Nvml]] = None
-    cuda_runtime: Optional[tuple[int, int]] = None
-    progress: Optional[Progress] = None
+    planned_env: Mapping[str, str] = field(default_factory=dict)
+    nvml_factory: Callable[[], Nvml] | None = None
+    cuda_runtime: tuple[int, int] | None = None
+    progress: Progress | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
-    _nvml: Optional[Nvml] = field(default=None, repr=False)
-    _nvml_error: Optional[str] = field(default=None, repr=False)
+    _nvml: Nvml | None = field(default=None, repr=False)
+    _nvml_error: str | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -74,7 +77,7 @@ class Context:
         p = Path(absolute)
         return self.root / p.relative_to(p.anchor) if p.is_absolute() else p
 
-    def read(self, absolute: str) -> Optional[str]:
+    def read(self, absolute: str) -> str | None:
         """The text of a file under the root, or None when it cannot be read."""
         try:
             return self.path(absolute).read_text(encoding="utf-8", errors="replace")
@@ -115,7 +118,7 @@ class Context:
                 raise NvmlUnavailable(self._nvml_error or "NVML unavailable")
             return self._nvml
 
-    def for_probe(self) -> "Context":
+    def for_probe(self) -> Context:
         """A view of this context with its own cancel event (shares NVML and everything else)."""
         view = Context.__new__(Context)
         view.__dict__.update(self.__dict__)
@@ -128,7 +131,7 @@ def _under(path: str, prefix: str) -> bool:
     return prefix == "/" or path == prefix or path.startswith(prefix + "/")
 
 
-def installed_cuda_runtime() -> Optional[tuple[int, int]]:
+def installed_cuda_runtime() -> tuple[int, int] | None:
     """CUDA major.minor of the installed torch build, read from its metadata (torch is not imported).
 
     "2.11.0+cu130" -> (13, 0); a CPU build or no torch -> None. Wheels without a local tag

@@ -12,7 +12,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 COPY_BYTES = 1 << 30
 REPEATS = 5
@@ -30,7 +30,7 @@ class GpuBench:
     tflops: float = 0.0
     h2d_gbps: float = 0.0
     d2h_gbps: float = 0.0
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class PairBench:
     src: int
     dst: int
     gbps: float = 0.0
-    error: Optional[str] = None
+    error: str | None = None
 
 
 def _torch() -> Any:
@@ -72,7 +72,7 @@ def copy_gbps(torch: Any, index: int, nbytes: int = COPY_BYTES, repeats: int = R
         dev = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{index}")
         h2d = statistics.median(_timed(torch, lambda: dev.copy_(host, non_blocking=True), repeats))
         d2h = statistics.median(_timed(torch, lambda: host.copy_(dev, non_blocking=True), repeats))
-        del host, dev
+        host = dev = None  # the buffers go now (the lambdas above hold them as closure cells)
     return nbytes / h2d / 1e9, nbytes / d2h / 1e9
 
 
@@ -88,11 +88,11 @@ def matmul_tflops(torch: Any, index: int, n: int = MATMUL_N, repeats: int = 10) 
         secs = statistics.median(_timed(torch, lambda: torch.matmul(a, b, out=c), repeats))
         if not bool(torch.isfinite(c).all()):
             raise RuntimeError("matmul produced non-finite values")
-        del a, b, c
+        a = b = c = None  # the buffers go now (the lambdas above hold them as closure cells)
     return 2 * n**3 / secs / 1e12
 
 
-def per_gpu(cancel: Optional[threading.Event] = None) -> list[GpuBench]:
+def per_gpu(cancel: threading.Event | None = None) -> list[GpuBench]:
     """Matmul and copy bandwidth of every visible GPU; one GPU's error does not stop the others."""
     torch = _torch()
     out = []
@@ -104,14 +104,14 @@ def per_gpu(cancel: Optional[threading.Event] = None) -> list[GpuBench]:
             tflops = matmul_tflops(torch, i)
             h2d, d2h = copy_gbps(torch, i)
             out.append(GpuBench(i, name, tflops, h2d, d2h))
-        except Exception as err:  # a sick GPU raises CUDA errors: that is the finding
+        except Exception as err:  # noqa: BLE001 - a sick GPU raises CUDA errors: that is the finding
             out.append(GpuBench(i, name, error=f"{type(err).__name__}: {err}"))
         finally:
             torch.cuda.empty_cache()
     return out
 
 
-def peer_to_peer(cancel: Optional[threading.Event] = None, nbytes: int = COPY_BYTES) -> list[PairBench]:
+def peer_to_peer(cancel: threading.Event | None = None, nbytes: int = COPY_BYTES) -> list[PairBench]:
     """GB/s of a device-to-device copy from each GPU to the next (ring order); [] with one GPU."""
     torch = _torch()
     n = torch.cuda.device_count()
@@ -126,7 +126,7 @@ def peer_to_peer(cancel: Optional[threading.Event] = None, nbytes: int = COPY_BY
             src = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{i}")
             dst = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{j}")
 
-            def once() -> None:
+            def once(src: Any = src, dst: Any = dst, i: int = i, j: int = j) -> None:
                 dst.copy_(src, non_blocking=True)
                 torch.cuda.synchronize(i)
                 torch.cuda.synchronize(j)
@@ -139,6 +139,6 @@ def peer_to_peer(cancel: Optional[threading.Event] = None, nbytes: int = COPY_BY
                 times.append(time.perf_counter() - t0)
             out.append(PairBench(i, j, nbytes / statistics.median(times) / 1e9))
             del src, dst
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - a broken pair raises CUDA errors: that is the finding
             out.append(PairBench(i, j, error=f"{type(err).__name__}: {err}"))
     return out

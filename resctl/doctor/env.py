@@ -2,7 +2,8 @@
 environment the workers will get (this process's, overlaid with the profile's launch.env).
 
 Verdicts:
-  nvls          FAIL in-process restart on and NCCL_NVLS_ENABLE is not 0: NVLink SHARP
+  nvls          FAIL in-process restart on and NCCL_NVLS_ENABLE set to anything but 0 (unset, the
+                plan sets 0 for the workers, and that passes): NVLink SHARP
                 multicast objects are not released when a communicator is aborted, so the restarted
                 iteration hangs or fails to create its communicator.
   async-errors  WARN TORCH_NCCL_ASYNC_ERROR_HANDLING=0: a timed-out collective then never raises,
@@ -24,11 +25,12 @@ def run(ctx: Context) -> list[Check]:
     nvls = env.get("NCCL_NVLS_ENABLE")
     if ctx.expect.inprocess:
         if nvls != "0":
-            checks.append(Check("nvls", Status.FAIL, f"in-process restart with NCCL_NVLS_ENABLE="
-                                f"{nvls if nvls is not None else '(unset: NCCL decides)'}", nvls, "0", "",
-                                'add NCCL_NVLS_ENABLE = "0" to [launch.env]'))
+            # the plan sets 0 unless the launcher's environment or [launch.env] sets it: so it was set
+            checks.append(Check("nvls", Status.FAIL, f"in-process restart with NCCL_NVLS_ENABLE={nvls}", nvls, "0",
+                                "", 'set NCCL_NVLS_ENABLE = "0" in [launch.env] or unset it (resctl then sets 0)'))
         else:
-            checks.append(Check("nvls", Status.PASS, "NCCL_NVLS_ENABLE=0 (in-process restart on)", nvls, "0"))
+            by = "set by resctl for the workers" if "NCCL_NVLS_ENABLE" in ctx.planned_env else "in-process restart on"
+            checks.append(Check("nvls", Status.PASS, f"NCCL_NVLS_ENABLE=0 ({by})", nvls, "0"))
     else:
         checks.append(Check("nvls", Status.PASS, "in-process restart off: NVLS allowed", nvls, None))
     aeh = env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
@@ -36,7 +38,8 @@ def run(ctx: Context) -> list[Check]:
         checks.append(Check("async-errors", Status.WARN, "TORCH_NCCL_ASYNC_ERROR_HANDLING=0: collective timeouts "
                             "never raise", aeh, "1 or unset", "", "unset it (ft_launcher sets 1)"))
     else:
-        checks.append(Check("async-errors", Status.PASS, f"TORCH_NCCL_ASYNC_ERROR_HANDLING={aeh or 'unset (1)'}",
+        checks.append(Check("async-errors", Status.PASS, f"TORCH_NCCL_ASYNC_ERROR_HANDLING={aeh}" if aeh else
+                            "TORCH_NCCL_ASYNC_ERROR_HANDLING unset (ft_launcher sets 1)",
                             aeh, "1 or unset"))
     forced = [f"{k}={env[k]}" for k in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE")
               if env.get(k) == "1"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from resctl.profile.schema import Profile
 
@@ -35,13 +35,13 @@ class Expectations:
 
     instance_type: str
     instance_source: str
-    gpus: Optional[int]
+    gpus: int | None
     gpu_model: str
-    nvlinks_per_gpu: Optional[int]
-    efa_devices: Optional[int]
-    min_storage_gbps: Optional[float]
-    checkpoint_size_gb: Optional[float]
-    checkpoint_every_s: Optional[float]
+    nvlinks_per_gpu: int | None
+    efa_devices: int | None
+    min_storage_gbps: float | None
+    checkpoint_size_gb: float | None
+    checkpoint_every_s: float | None
     keep_last: int
     writers: int
     min_shm_gb: float
@@ -52,7 +52,7 @@ class Expectations:
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
-    def needed_storage_gbps(self) -> Optional[float]:
+    def needed_storage_gbps(self) -> float | None:
         """The write throughput the checkpoints need: the profile's minimum, or size / interval."""
         rates = [r for r in (self.min_storage_gbps,) if r is not None]
         if self.checkpoint_size_gb and self.checkpoint_every_s:

@@ -13,8 +13,9 @@ import sys
 import threading
 import warnings
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -26,16 +27,16 @@ class NvmlUnavailable(Exception):
 @dataclass(frozen=True)
 class DriverInfo:
     version: str  # "580.159.03"
-    cuda: Optional[int]  # highest CUDA the driver supports, as NVML encodes it: 13000 = 13.0
+    cuda: int | None  # highest CUDA the driver supports, as NVML encodes it: 13000 = 13.0
 
 
 @dataclass(frozen=True)
 class NvLink:
     link: int
     active: bool
-    replay: Optional[int] = None  # data-link replay errors since boot/reset
-    recovery: Optional[int] = None  # link recoveries
-    crc: Optional[int] = None  # CRC flit errors
+    replay: int | None = None  # data-link replay errors since boot/reset
+    recovery: int | None = None  # link recoveries
+    crc: int | None = None  # CRC flit errors
 
 
 @dataclass(frozen=True)
@@ -46,20 +47,20 @@ class Gpu:
     name: str
     uuid: str = ""
     pci_bus_id: str = ""
-    memory_total: Optional[int] = None
-    memory_used: Optional[int] = None
-    processes: Optional[int] = None  # compute processes holding the GPU
-    ecc_enabled: Optional[bool] = None
-    ecc_uncorrectable_volatile: Optional[int] = None
-    retired_pages_pending: Optional[bool] = None
-    remap_pending: Optional[bool] = None
-    remap_failure: Optional[bool] = None
-    temperature_c: Optional[int] = None
-    slowdown_temp_c: Optional[int] = None
+    memory_total: int | None = None
+    memory_used: int | None = None
+    processes: int | None = None  # compute processes holding the GPU
+    ecc_enabled: bool | None = None
+    ecc_uncorrectable_volatile: int | None = None
+    retired_pages_pending: bool | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    temperature_c: int | None = None
+    slowdown_temp_c: int | None = None
     clock_events: tuple[str, ...] = ()  # active clock-event (throttle) reasons, see CLOCK_EVENTS
-    persistence: Optional[bool] = None
-    pcie_width: Optional[int] = None
-    pcie_width_max: Optional[int] = None
+    persistence: bool | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
     nvlinks: tuple[NvLink, ...] = field(default=())
 
 
@@ -78,11 +79,11 @@ class Nvml(Protocol):
     def gpus(self) -> list[Gpu]: ...
 
 
-def _opt(call: Callable[[], T]) -> Optional[T]:
+def _opt(call: Callable[[], T]) -> T | None:
     """The value, or None when this GPU/driver does not support the query."""
     try:
         return call()
-    except Exception:  # pynvml raises NVMLError subclasses; a missing symbol raises others
+    except Exception:  # noqa: BLE001 - pynvml raises NVMLError subclasses; a missing symbol raises others
         return None
 
 
@@ -107,7 +108,7 @@ class PynvmlAdapter:
         except pynvml.NVMLError as err:
             raise NvmlUnavailable(f"NVML did not initialise: {err}") from err
         self._lock = threading.Lock()
-        self._gpus: Optional[list[Gpu]] = None
+        self._gpus: list[Gpu] | None = None
 
     def driver(self) -> DriverInfo:
         nv = self._nv
@@ -162,13 +163,18 @@ class PynvmlAdapter:
         nv = self._nv
         out = []
         for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
-            state = _opt(lambda: nv.nvmlDeviceGetNvLinkState(h, link))
+            state = _opt(partial(nv.nvmlDeviceGetNvLinkState, h, link))
             if state is None:  # the link does not exist on this GPU (or NVLink is unsupported)
                 continue
-            counter = lambda kind: _opt(lambda: int(nv.nvmlDeviceGetNvLinkErrorCounter(h, link, kind)))  # noqa: E731
-            out.append(NvLink(link, bool(state), counter(nv.NVML_NVLINK_ERROR_DL_REPLAY),
-                              counter(nv.NVML_NVLINK_ERROR_DL_RECOVERY), counter(nv.NVML_NVLINK_ERROR_DL_CRC_FLIT)))
+            counts = [_opt(partial(_int_of, nv.nvmlDeviceGetNvLinkErrorCounter, h, link, kind))
+                      for kind in (nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY,
+                                   nv.NVML_NVLINK_ERROR_DL_CRC_FLIT)]
+            out.append(NvLink(link, bool(state), *counts))
         return out
+
+
+def _int_of(query: Callable[..., Any], *args: Any) -> int:
+    return int(query(*args))
 
 
 def _str(value: Any) -> str:

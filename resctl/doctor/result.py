@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Union
+from typing import Any
 
 #: A JSON scalar: what `measured` and `expected` may hold.
-Value = Union[int, float, str, bool, None]
+Value = int | float | str | bool | None
 
 SCHEMA = "resctl.doctor/1"
 

@@ -14,7 +14,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from difflib import get_close_matches
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 from resctl.doctor import clock, dns, efa, env, gpu, grace, memlock, memory, nvlink, shm, storage
 from resctl.doctor.context import Context
@@ -80,7 +80,7 @@ def _run_one(probe: Probe, ctx: Context, timeout: float) -> ProbeResult:
             box["checks"] = probe.run(view)
         except Skip as err:
             box["checks"] = [Check("-", Status.SKIP, str(err))]
-        except Exception as err:  # a probe bug must not take the doctor down; it is not a pass either
+        except Exception as err:  # noqa: BLE001 - a probe bug must not take the doctor down; it is not a pass either
             box["checks"] = [Check("-", Status.FAIL, f"probe error: {type(err).__name__}: {err}", fix=
                                    "rerun with RESCTL_DEBUG=1 for the traceback and report it")]
             if view.env.get("RESCTL_DEBUG") == "1":
@@ -108,7 +108,7 @@ def _start(probe: Probe, ctx: Context, timeout: float) -> tuple[threading.Thread
     return t, box
 
 
-def run(ctx: Context, names: Sequence[str], on_done: Optional[Callable[[ProbeResult], None]] = None) -> Report:
+def run(ctx: Context, names: Sequence[str], on_done: Callable[[ProbeResult], None] | None = None) -> Report:
     """Run the named probes and return the Report (probes in registry order)."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.monotonic()

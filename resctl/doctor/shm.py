@@ -5,14 +5,15 @@ Verdicts:
   size   FAIL /dev/shm missing or smaller than doctor.min_shm_gb.
   free   WARN less free than doctor.min_shm_gb (something already fills it).
   memory_tier  (only with checkpoint.memory_every > 0) FAIL /dev/shm smaller than the memory tier
-         needs: 3x doctor.checkpoint_size_gb (two snapshot slots per rank, and after a restore the
-         restored state living in shared pages until the slot's replacement is written); WARN less
-         free than that, or no doctor.checkpoint_size_gb to check against. With the buddy copies
-         (checkpoint.memory_replicate and more than one node) 2x more: another node's two slots per rank.
+         needs: `slots.shm_factor` x doctor.checkpoint_size_gb (resctl.checkpoint.slots: the snapshot
+         slots per rank, the restored state in shared pages after a restore and, with the buddy
+         copies (checkpoint.memory_replicate and more than one node), another node's slots);
+         WARN less free than that, or no doctor.checkpoint_size_gb to check against.
 """
 
 from __future__ import annotations
 
+from resctl.checkpoint import slots
 from resctl.doctor.context import Context, Space
 from resctl.doctor.result import Check, Status, gb
 from resctl.profile.schema import nnodes_range
@@ -41,23 +42,18 @@ def run(ctx: Context) -> list[Check]:
     return checks
 
 
-#: Multiples of the per-node state the memory tier holds in /dev/shm at most (see the docstring).
-TIER_FACTOR = 3
-#: And the copies of another node's state this node keeps for it (checkpoint.memory_replicate).
-BUDDY_FACTOR = 2
-
-
 def memory_tier(ctx: Context, space: Space) -> Check:
     size = ctx.expect.checkpoint_size_gb
     if not size:
         return Check("memory_tier", Status.WARN, "checkpoint.memory_every is on but the state size is unknown", None,
                      None, "GB", "set doctor.checkpoint_size_gb (the per-node state) to check /dev/shm against it")
     ck = ctx.profile.checkpoint
-    factor = TIER_FACTOR + (BUDDY_FACTOR if ck.memory_replicate and nnodes_range(ctx.profile.launch.nnodes)[1] > 1 else 0)
+    buddy = ck.memory_replicate and nnodes_range(ctx.profile.launch.nnodes)[1] > 1
+    factor = slots.shm_factor(buddy)
     need = factor * size
     total, free = space.total / 1e9, space.free / 1e9
     fix = (f"the memory tier needs {need:g} GB of /dev/shm ({factor}x the {size:g} GB state"
-           + (", buddy copies included" if factor > TIER_FACTOR else "") + f"): {FIX}, or set checkpoint.memory_every to 0")
+           + (", buddy copies included" if buddy else "") + f"): {FIX}, or set checkpoint.memory_every to 0")
     if total < need:
         return Check("memory_tier", Status.FAIL, f"/dev/shm is {gb(space.total)} GB, the memory tier needs {need:g} GB",
                      gb(space.total), need, "GB", fix)

@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 from resctl.doctor.context import Context
 from resctl.doctor.result import Check, Status, gb
@@ -70,7 +70,7 @@ class Throughput:
     write_s: float
     read_s: float
     read_method: str  # "O_DIRECT" or "fadvise" (page cache dropped, buffered read)
-    direct_s: Optional[float] = None
+    direct_s: float | None = None
 
     @property
     def write_gbps(self) -> float:
@@ -81,7 +81,7 @@ class Throughput:
         return self.bytes / self.read_s / 1e9
 
     @property
-    def direct_gbps(self) -> Optional[float]:
+    def direct_gbps(self) -> float | None:
         return self.bytes / self.direct_s / 1e9 if self.direct_s else None
 
 
@@ -89,9 +89,9 @@ class Cancelled(Exception):
     pass
 
 
-def find_mount(mounts_text: str, path: str) -> Optional[Mount]:
+def find_mount(mounts_text: str, path: str) -> Mount | None:
     """The /proc/mounts entry whose mount point is the longest prefix of `path`."""
-    best: Optional[Mount] = None
+    best: Mount | None = None
     for line in mounts_text.splitlines():
         parts = line.split()
         if len(parts) < 3:
@@ -105,8 +105,8 @@ def find_mount(mounts_text: str, path: str) -> Optional[Mount]:
 
 
 def measure(directory: Path, total_bytes: int, writers: int,
-            progress: Optional[Callable[[str, int, int], None]] = None,
-            cancel: Optional[threading.Event] = None, direct: bool = True) -> Throughput:
+            progress: Callable[[str, int, int], None] | None = None,
+            cancel: threading.Event | None = None, direct: bool = True) -> Throughput:
     """Write `total_bytes` into `directory` with `writers` threads, fsync, read it back, and
     (with `direct`) write it again with O_DIRECT into fresh files.
 
@@ -229,7 +229,7 @@ def _guard(fn: Callable[[Path], None], errors: list[BaseException]) -> Callable[
     def run(path: Path) -> None:
         try:
             fn(path)
-        except BaseException as err:  # re-raised in the caller's thread
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(err)
     return run
 
@@ -332,7 +332,7 @@ def _throughput(ctx: Context, path: str, space: Check) -> list[Check]:
     return [write, device, read]
 
 
-def _lustre(ctx: Context, mount: Check) -> Optional[Check]:
+def _lustre(ctx: Context, mount: Check) -> Check | None:
     for path in HEALTH:
         text = ctx.read(path)
         if text is not None:

@@ -71,8 +71,28 @@ def install() -> None:
 
 
 LOG_FILE = "launcher.log"
-RESTART_MESSAGE = "will restart worker group"  # torch elastic's line when a worker group failed
-FAILED_MESSAGE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")  # ... and a worker's failure
+FAILED_MESSAGE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")  # torch elastic: a worker's failure
+# NVRx 0.4.1's restart lines. Both count the restart about to happen as left: "3/3 attempts left"
+# is logged before the first restart, so after it 2 of 3 are left.
+#   any-failed:  "[default] Worker group FAILED. 3/3 attempts left; will restart worker group"
+#   min-healthy (in-process restart on): "3/3 restart attempts left; restarting worker group..."
+RESTART_MESSAGE = re.compile(r"(\d+)/(\d+) (?:restart )?attempts left;? (?:will restart|restarting) worker group")
+# any-failed, a node joined: a restart that is no fault and uses no attempt
+JOINED_MESSAGE = re.compile(r"Detected (\d+) new nodes from group_rank=\d+; will restart worker group")
+
+
+def restart_line(message: str, failure: str) -> str | None:
+    """The console line for one NVRx log message, or None when it is not a restart.
+    `failure` names the worker failure logged before it ("" when none was)."""
+    restart = RESTART_MESSAGE.search(message)
+    if restart:
+        left, total = int(restart.group(1)) - 1, int(restart.group(2))
+        return (f"resctl: {failure or 'a worker failed'}; restarting the workers, {left} of {total} restarts left "
+                "(details: launcher.log in the run directory)")
+    joined = JOINED_MESSAGE.search(message)
+    if joined:
+        return f"resctl: {joined.group(1)} node(s) joined; restarting the workers (no restart used)"
+    return None
 
 
 class FaultLines(logging.Handler):
@@ -93,11 +113,10 @@ class FaultLines(logging.Handler):
                 lines = [line.strip() for line in text.splitlines() if line.strip()]
                 cause = lines[-1] if len(lines) > 1 else f"exit code {failed.group(1)}"
                 self.failure = f"local rank {failed.group(2)} failed ({cause[:200]})"
-            elif RESTART_MESSAGE in message:
-                left = re.search(r"(\d+)/(\d+) attempts left", message)
-                restarts = f", {left.group(1)} of {left.group(2)} restarts left" if left else ""
-                self.console.write(f"resctl: {self.failure or 'a worker failed'}; restarting the workers{restarts} "
-                                   "(details: launcher.log in the run directory)\n")
+                return
+            line = restart_line(message, self.failure)
+            if line is not None:
+                self.console.write(line + "\n")
                 self.console.flush()
                 self.failure = ""
         except Exception:  # noqa: BLE001 - a console line is never worth a launcher crash
@@ -130,7 +149,7 @@ def quiet_logs(env: Any = os.environ) -> str | None:
     if not run_dir or env.get("RESCTL_VERBOSE") == "1" or QUIET:
         return None
     path = os.path.join(run_dir, LOG_FILE)
-    log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - for the process's life
+    log = open(path, "a", buffering=1, encoding="utf-8")
     logging.basicConfig(  # before NVRx's own basicConfig (at its import), which then does nothing
         stream=log, level=os.getenv("FT_LAUNCHER_LOGLEVEL", "INFO"),
         format=f"[%(asctime)s] [%(levelname)s] [ft_launcher{os.getpid()}] %(message)s",

@@ -23,9 +23,8 @@ heartbeat timeouts still default to 2700 s / 3600 s) that neither series describ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
-from resctl.errors import UsageError
+from resctl.profile.nvrx_versions import series_for  # the profile validates versions with it too
 
 __all__ = [
     "LauncherDefaults",
@@ -46,9 +45,9 @@ class LauncherDefaults:
     workers_stop_timeout: float
     term_timeout: float
     # FaultToleranceConfig defaults (what an unset --ft-* flag falls back to); None disables.
-    initial_rank_heartbeat_timeout: Optional[float]
-    rank_heartbeat_timeout: Optional[float]
-    rank_out_of_section_timeout: Optional[float]
+    initial_rank_heartbeat_timeout: float | None
+    rank_heartbeat_timeout: float | None
+    rank_out_of_section_timeout: float | None
     workload_check_interval: float
     node_health_check_interval: float
     safety_factor: float
@@ -86,11 +85,11 @@ class Series:
     checked: tuple[str, ...]
     restart_policies: tuple[str, ...]
     has_min_healthy: bool
-    ignore_missing_cfg_flag: Optional[str]
+    ignore_missing_cfg_flag: str | None
     heartbeat_timeouts_default_none: bool
     timeouts_accept_none: bool
-    rdzv_impl_flag: Optional[str]
-    gpu_reclaim_poll_flag: Optional[str]
+    rdzv_impl_flag: str | None
+    gpu_reclaim_poll_flag: str | None
     legacy_aliases: bool
     defaults: LauncherDefaults
 
@@ -155,36 +154,6 @@ SERIES: dict[str, Series] = {
 def supported_series() -> list[str]:
     """The series resctl can plan for, oldest first: ``["0.4", "0.6+"]``."""
     return list(SERIES)
-
-
-def _major_minor(version: str) -> tuple[int, int]:
-    # "0.7.0", "0.7.0rc1", "0.7.0.dev3+gabc", "0.4.1+cuda12" -> (0, 7) / (0, 4)
-    parts = version.strip().lstrip("v").split(".")
-    try:
-        major = int(parts[0])
-        minor = int("".join(ch for ch in parts[1] if ch.isdigit()) or "x") if len(parts) > 1 else 0
-    except ValueError:
-        raise UsageError(
-            f"cannot read NVRx version {version!r}; set launch.nvrx_version to a version such as 0.4.1 or 0.7.0"
-        ) from None
-    return major, minor
-
-
-def series_for(version: str) -> str:
-    """The series name ("0.4" or "0.6+") of an NVRx version string such as "0.7.0".
-
-    Raises:
-        UsageError: for versions before 0.4, for 0.5.x, and for strings that are not versions.
-    """
-    major, minor = _major_minor(version)
-    if (major, minor) == (0, 4):
-        return "0.4"
-    if (major, minor) >= (0, 6):
-        return "0.6+"
-    raise UsageError(
-        f"NVRx {version} is not supported: resctl plans for NVRx 0.4.x or >= 0.6. "
-        "Install nvidia-resiliency-ext 0.4.1 or >= 0.6, or set launch.nvrx_version to the version you run."
-    )
 
 
 def for_version(version: str) -> Series:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from resctl.errors import UsageError
-from resctl.launch.rendezvous import Rendezvous
 from resctl.launch import nvrx_flags
+from resctl.launch.rendezvous import Rendezvous
 from resctl.profile.load import Resolved
 from resctl.profile.schema import Profile, nnodes_range
 from resctl.redact import redact_argv, redact_rdzv_conf
@@ -142,7 +142,7 @@ def plan(
 ) -> LaunchPlan:
     """Translate a resolved profile into the ft_launcher command for `target`."""
     p, src = resolved.profile, resolved.source
-    launch, hb, inproc = p.launch, p.heartbeat, p.inprocess
+    launch, hb = p.launch, p.heartbeat
     series = nvrx_flags.series_for(nvrx_version)
     traits = nvrx_flags.SERIES[series]
     settings: list[tuple[str, str, str]] = []
@@ -182,9 +182,10 @@ def plan(
     add("--monitor-interval", _seconds(launch.monitor_interval), "launch.monitor_interval")
     add("--term-timeout", _seconds(launch.term_timeout), "launch.term_timeout")
     add("--workers-stop-timeout", _seconds(launch.workers_stop_timeout), "launch.workers_stop_timeout")
-    fork_workers = launch.worker_start == "fork" and launch.use_shim and not target.no_python
+    fork_workers = (launch.worker_start == "fork" and launch.start_method == "fork" and launch.use_shim
+                    and not target.no_python)
     if fork_workers:
-        add("--start-method", "fork", "launch.worker_start")
+        add("--start-method", "fork", "launch.start_method")
     else:
         add("--start-method", launch.start_method, "launch.start_method")
     log_dir = Path(launch.log_dir) if launch.log_dir else run_dir / "logs"
@@ -268,10 +269,7 @@ def plan(
         env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = TORCHRUN_SIGNALS
     env["RESCTL_RUN_DIR"] = str(run_dir)
     env["RESCTL_PLAN"] = str(run_dir / PLAN_FILE)
-    if inproc.enabled:
-        for k, v in INPROCESS_ENV.items():
-            if k not in user_env and k not in env:
-                env[k] = v
+    env.update(inprocess_env(p, {**user_env, **env}))
     files[run_dir / PLAN_FILE] = plan_json(p, run_id, run_dir, nvrx_version, target)
     notes = [*rendezvous.notes, *notes_shim]
     if p.faults.schedule:
@@ -294,6 +292,15 @@ def plan(
                       layers=recovery_layers(p, series, fork_workers), replica_port=replica_port)
 
 
+def inprocess_env(p: Profile, user_env: Mapping[str, str]) -> dict[str, str]:
+    """What the plan adds to the workers' environment for in-process restart: NVIDIA's documented
+    settings (INPROCESS_ENV) that `user_env` (the launcher's environment and [launch.env]) lacks.
+    `resctl doctor` judges the environment with these added, as the workers will get it."""
+    if not p.inprocess.enabled:
+        return {}
+    return {k: v for k, v in INPROCESS_ENV.items() if k not in user_env}
+
+
 def _replica_port(p: Profile, rendezvous: Rendezvous) -> int | None:
     """The replica server's port when the memory tier is replicated: memory_every > 0,
     memory_replicate on, and possibly more than one node."""
@@ -308,7 +315,9 @@ def recovery_layers(p: Profile, series: str, fork_workers: bool) -> list[str]:
     """Which recovery layers this plan turns on, and why (for --dry-run and the run's first lines)."""
     launch, inproc = p.launch, p.inprocess
     start = ("workers forked from the launcher, so a restart starts no new Python" if fork_workers
-             else "workers are fresh interpreters (launch.worker_start = \"exec\")")
+             else "workers are fresh interpreters (" + (f'launch.start_method = "{launch.start_method}"'
+                                                        if launch.start_method != "fork"
+                                                        else 'launch.worker_start = "exec"') + ")")
     out = [f"in-job restart: on, up to {launch.max_restarts} (launch.max_restarts): a dead, failed or hung worker "
            f"restarts the group; {start}; survivors leave at once, SIGKILL after "
            f"{launch.workers_stop_timeout:g}s (launch.workers_stop_timeout)"]

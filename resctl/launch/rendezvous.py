@@ -40,7 +40,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
-from typing import Optional
 
 from resctl.errors import UsageError
 from resctl.profile.schema import Launch, nnodes_range, split_endpoint
@@ -80,9 +79,9 @@ class Rendezvous:
     endpoint: str
     run_id: str
     standalone: bool
-    node_rank: Optional[int]
-    nnodes: Optional[str]
-    is_host: Optional[bool]
+    node_rank: int | None
+    nnodes: str | None
+    is_host: bool | None
     source: str
     notes: tuple[str, ...]
 
@@ -226,7 +225,7 @@ def _indexed_job(launch: Launch, env: Mapping[str, str], hostname: str, root: Pa
     return Rendezvous(endpoint, run_id, False, node_rank, None, index == 0, "kubernetes-indexed-job", tuple(notes))
 
 
-def _k8s_job_name(env: Mapping[str, str], hostname: str, index: int) -> Optional[str]:
+def _k8s_job_name(env: Mapping[str, str], hostname: str, index: int) -> str | None:
     if env.get(JOB_NAME_ENV):
         return env[JOB_NAME_ENV]
     short = hostname.split(".")[0]
@@ -283,8 +282,8 @@ def _pytorchjob(launch: Launch, env: Mapping[str, str], hostname: str) -> Rendez
     notes: list[str] = []
     if elastic:
         host, port = _split_endpoint(env["PET_RDZV_ENDPOINT"], launch.rdzv_port, "PET_RDZV_ENDPOINT")
-        node_rank: Optional[int] = None
-        is_host: Optional[bool] = None
+        node_rank: int | None = None
+        is_host: bool | None = None
         nnodes = env.get("PET_NNODES") or None
         notes.append(f"elastic PyTorchJob: rendezvous at PET_RDZV_ENDPOINT={env['PET_RDZV_ENDPOINT']}")
     else:
@@ -447,7 +446,7 @@ def _profile_run_id(launch: Launch) -> str:
     return "" if value.lower() in {"auto", "none", ""} else value
 
 
-def _scheduler_run_id(env: Mapping[str, str], hostname: str) -> Optional[tuple[str, str]]:
+def _scheduler_run_id(env: Mapping[str, str], hostname: str) -> tuple[str, str] | None:
     """The scheduler's job identity, for an explicit endpoint with ``launch.rdzv_id = auto``."""
     if "JOB_COMPLETION_INDEX" in env:
         try:
@@ -472,7 +471,7 @@ def _clean_id(value: str) -> str:
     return cleaned
 
 
-def _int_env(env: Mapping[str, str], name: str, default: Optional[int] = None) -> int:
+def _int_env(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         if default is None:
@@ -498,7 +497,7 @@ def _max_nodes(nnodes: str) -> int:
     return _nnodes_range(nnodes)[1]
 
 
-def _reconcile_nnodes(launch: Launch, detected: Optional[str], notes: list[str]) -> Optional[str]:
+def _reconcile_nnodes(launch: Launch, detected: str | None, notes: list[str]) -> str | None:
     """The scheduler's count wins over the default "1"; a profile value it contradicts is an error."""
     if detected is None:
         return None

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Optional
 
 from resctl.errors import Problem
 from resctl.profile.schema import Profile
@@ -30,7 +29,7 @@ __all__ = ["GRACE_ENV", "problems", "scheduler_grace"]
 GRACE_ENV = "TERMINATION_GRACE_PERIOD_SECONDS"
 
 
-def scheduler_grace(env: Mapping[str, str]) -> tuple[Optional[float], list[Problem]]:
+def scheduler_grace(env: Mapping[str, str]) -> tuple[float | None, list[Problem]]:
     """The scheduler's grace from `env` (None when not given), or a problem when it is not a number."""
     raw = env.get(GRACE_ENV, "").strip()
     if not raw:
@@ -45,7 +44,7 @@ def scheduler_grace(env: Mapping[str, str]) -> tuple[Optional[float], list[Probl
     return value, []
 
 
-def problems(profile: Profile, source: str, grace: Optional[float] = None) -> list[Problem]:
+def problems(profile: Profile, source: str, grace: float | None = None) -> list[Problem]:
     """Where the stop sequence does not nest (empty when it does).
 
     Args:

@@ -145,7 +145,7 @@ def env_layer(env: Mapping[str, str]) -> tuple[Layer, list[Problem]]:
         layer.values[dotted] = parse_env_value(dotted, raw)
         layer.labels[dotted] = f"env {name}"
     if env.get("RESCTL_FAULTS"):
-        from resctl.shim.faults import parse_schedule  # light module, no torch
+        from resctl.drills import parse_schedule  # the drill registry: imports nothing
 
         try:
             layer.values["faults.schedule"] = parse_schedule(env["RESCTL_FAULTS"])
@@ -249,13 +249,42 @@ def resolve(
     for dotted, value in merged.items():
         section, key = dotted.split(".", 1)
         nested.setdefault(section, {})[key] = value
-    try:
-        profile = Profile.model_validate(nested)
-    except ValidationError as err:
-        problems += [_problem(e, merged, sources) for e in err.errors()]
+    profile, partial, found = _validate(nested, merged, sources)
+    problems += found
     if problems:
-        raise ProfileError(problems)
+        raise ProfileError(problems, partial=partial)
+    assert profile is not None
     return Resolved(profile, sources, path, how)
+
+
+def _validate(nested: dict[str, dict[str, Any]], merged: Mapping[str, Any], sources: Mapping[str, str]
+              ) -> tuple[Profile | None, Profile | None, list[Problem]]:
+    """(profile, partial, problems). Pydantic runs the checks across keys only once every key is
+    valid; so with field errors the profile is validated again without the bad keys (their
+    defaults instead), and the rules across keys that fail there are reported too: every problem
+    in one pass. `partial` is that profile (None when even it is invalid), for checks beyond the
+    schema (`profile.grace`)."""
+    try:
+        return Profile.model_validate(nested), None, []
+    except ValidationError as err:
+        errors = err.errors()
+    problems = [_problem(e, merged, sources) for e in errors]
+    bad = {(str(e["loc"][0]), str(e["loc"][1])) for e in errors if len(e["loc"]) >= 2}
+    trimmed = {section: {k: v for k, v in values.items() if (section, k) not in bad} for section, values in nested.items()}
+    across = [e for e in errors if len(e["loc"]) < 2]
+    if bad:
+        try:
+            return None, Profile.model_validate(trimmed), problems
+        except ValidationError as again:
+            across = [e for e in again.errors() if len(e["loc"]) < 2]
+        problems += [p for p in (_problem(e, merged, sources) for e in across) if p not in problems]
+    # and once more without the sections whose rules failed, for the checks beyond the schema
+    failed = {str(e["loc"][0]) for e in across if e["loc"]}
+    try:
+        partial = Profile.model_validate({k: v for k, v in trimmed.items() if k not in failed}) if failed else None
+    except ValidationError:
+        partial = None
+    return None, partial, problems
 
 
 def _merge(layers: Sequence[Layer]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -19,6 +19,13 @@ def show_value(section: str, fld: str, value: Any) -> str:
     return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def default_text(dotted: str) -> str:
+    """The schema's default of `section.key` as every place shows it ("" when unset)."""
+    section, _, key = dotted.partition(".")
+    fld = next(f for f in SECTIONS[section].model_fields if key_name(section, f) == key)
+    return show_value(section, fld, getattr(getattr(Profile(), section), fld))
+
+
 def _toml(section: str, fld: str, value: Any) -> str:
     info = SECTIONS[section].model_fields[fld]
     if is_duration(info):

@@ -7,15 +7,17 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from resctl.checkpoint import slots  # pure facts of the memory tier (imports nothing)
+from resctl.drills import FaultKind
 from resctl.profile.units import parse_duration
 
 
-def _optional_duration(value: object) -> Optional[float]:
+def _optional_duration(value: object) -> float | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in {"none", "off", ""}):
         return None
     return parse_duration(value)
@@ -77,7 +79,7 @@ def split_endpoint(value: str, default_port: int) -> tuple[str, int]:
 def nvrx_series(version: str) -> str:
     """The ft_launcher series ("0.4", "0.6+") of a version; ValueError for one resctl cannot plan for."""
     from resctl.errors import UsageError
-    from resctl.launch.nvrx_flags import series_for  # a data table; imports nothing of resctl but errors
+    from resctl.profile.nvrx_versions import series_for
 
     if not _VERSION.fullmatch(version.strip()):
         raise ValueError(f"{version!r} is not a version; use auto or a version such as 0.4.1 or 0.7.0")
@@ -176,7 +178,7 @@ StdSpec = Annotated[str, BeforeValidator(_int_to_str), AfterValidator(_check_std
 Path_ = Annotated[str, AfterValidator(_check_path)]
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(json_schema_extra={"unit": "duration"})]
 OptionalDuration = Annotated[
-    Optional[float], BeforeValidator(_optional_duration), Field(json_schema_extra={"unit": "duration"})
+    float | None, BeforeValidator(_optional_duration), Field(json_schema_extra={"unit": "duration"})
 ]
 
 
@@ -205,7 +207,7 @@ class Launch(Section):
 
     nnodes: Nnodes = Field("1", description="Number of nodes, or a range MIN:MAX (torchrun --nnodes).")
     nproc_per_node: NprocPerNode = Field("1", description="Workers per node: a number, or auto, gpu, cpu (torchrun --nproc-per-node).")
-    node_rank: Optional[int] = Field(None, ge=0, description="This node's rank; unset lets the rendezvous assign it.")
+    node_rank: int | None = Field(None, ge=0, description="This node's rank; unset lets the rendezvous assign it.")
     max_restarts: int = Field(3, ge=0, description="In-job restarts of the worker group before the job fails.")
     rdzv_backend: Literal["c10d"] = Field("c10d", description="Rendezvous backend (ft_launcher supports c10d only).")
     rdzv_endpoint: Annotated[str, AfterValidator(_check_endpoint)] = Field(
@@ -221,7 +223,7 @@ class Launch(Section):
     )
     k8s_namespace: str = Field("", description="Namespace of that Service; empty reads the pod's own namespace.")
     master_addr: str = Field("", description="torchrun --master-addr (static rendezvous); empty leaves it to the launcher.")
-    master_port: Optional[int] = Field(None, ge=1, le=65535, description="torchrun --master-port (static rendezvous).")
+    master_port: int | None = Field(None, ge=1, le=65535, description="torchrun --master-port (static rendezvous).")
     local_addr: str = Field("", description="Address other nodes reach this node on; empty uses the FQDN.")
     monitor_interval: Duration = Field(5.0, gt=0, description="How often the launcher polls its workers.")
     term_timeout: Duration = Field(60.0, gt=0, description="Grace between SIGTERM and SIGKILL when the launcher is told to stop.")
@@ -232,7 +234,10 @@ class Launch(Section):
     restart_policy: Literal["auto", "any-failed", "min-healthy"] = Field(
         "auto", description="auto picks min-healthy on NVRx 0.4 when in-process restart is on, else any-failed."
     )
-    start_method: Literal["spawn", "fork", "forkserver"] = Field("spawn", description="How the launcher starts workers.")
+    start_method: Literal["spawn", "fork", "forkserver"] = Field(
+        "fork", description="torchrun's --start-method. fork: workers are forked from the launcher (as worker_start "
+        "says); spawn or forkserver: each worker is a fresh interpreter (worker_start = \"exec\" then).",
+    )
     worker_start: Literal["fork", "exec"] = Field(
         "fork",
         description="fork: workers are forked from the launcher, which has imported torch once (in-job restarts in "
@@ -250,7 +255,7 @@ class Launch(Section):
         "RESCTL_LAUNCH_ENV name by name. Values reach the processes only: plan.json keeps the names, and what resctl "
         "prints masks secret-looking ones (docs/security.md)."
     )
-    metrics_port: Optional[int] = Field(
+    metrics_port: int | None = Field(
         None, ge=0, le=65535,
         description="Serve Prometheus metrics of the run on this port (resctl run process); 0 picks a free port.",
     )
@@ -263,7 +268,7 @@ class Launch(Section):
     nvrx_version: Annotated[str, AfterValidator(_check_version)] = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
 
     @model_validator(mode="after")
-    def _launcher_rules(self) -> "Launch":
+    def _launcher_rules(self) -> Launch:
         endpoint_set = self.rdzv_endpoint.lower() != "auto"
         max_nodes = nnodes_range(self.nnodes)[1]
         if self.standalone and (endpoint_set or self.master_addr):
@@ -318,9 +323,9 @@ class InProcess(Section):
     progress_interval: Duration = Field(1.0, gt=0, description="How often the progress watchdog samples.")
     last_call_wait: Duration = Field(1.0, ge=0, description="Time to collect concurrent faults before restarting.")
     termination_grace_time: Duration = Field(5.0, ge=0, description="Grace between SIGTERM and SIGKILL of a hung rank.")
-    max_iterations: Optional[int] = Field(None, ge=1, description="In-process restarts before handing over to the launcher.")
-    max_rank_faults: Optional[int] = Field(None, ge=1, description="Faults one rank may have before it is excluded.")
-    min_world_size: Optional[int] = Field(
+    max_iterations: int | None = Field(None, ge=1, description="In-process restarts before handing over to the launcher.")
+    max_rank_faults: int | None = Field(None, ge=1, description="Faults one rank may have before it is excluded.")
+    min_world_size: int | None = Field(
         None, ge=1, description="Fewest ranks an in-process restart may continue with; empty: every rank (a lost "
         "rank falls through to the launcher). A smaller value is announced and recorded as an event.",
     )
@@ -332,7 +337,7 @@ class InProcess(Section):
     health_check: bool = Field(True, description="Run NVRx's CUDA health check between iterations (skipped without CUDA).")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "InProcess":
+    def _ordered(self) -> InProcess:
         if not self.soft_timeout < self.hard_timeout < self.barrier_timeout:
             raise ValueError(
                 "soft_timeout < hard_timeout < barrier_timeout must hold "
@@ -355,13 +360,13 @@ class Checkpoint(Section):
     async_: bool = Field(True, alias="async", description="Return once the state is staged; write in the background.")
     memory_every: int = Field(
         0, ge=0, description="Also snapshot the state every this many steps into host shared memory (/dev/shm) that "
-        "outlives a killed worker; a restart restores from it when it is newer than the disk (0: off). Needs 2x the "
-        "state per rank in /dev/shm.",
+        "outlives a killed worker; a restart restores from it when it is newer than the disk (0: off). Needs "
+        f"{slots.LOCAL_COPIES}x the state per rank in /dev/shm.",
     )
     memory_replicate: bool = Field(
         True, description="With memory_every > 0 and more than one node: also copy each node's newest memory snapshot "
         "into the host memory of a buddy node (the next node rank) over the job's network, so a lost node restores "
-        "from its buddy instead of the disk. Needs 2x the state per rank in the buddy's /dev/shm too.",
+        f"from its buddy instead of the disk. Needs {slots.BUDDY_COPIES}x the state per rank in the buddy's /dev/shm too.",
     )
     memory_replicate_port: int = Field(
         0, ge=0, le=65535, description="TCP port of each node's replica server (started by resctl run; its address "
@@ -390,6 +395,12 @@ class Checkpoint(Section):
     intercept_torch_save: str = Field(
         "", description="Glob of paths whose torch.save becomes an async atomic save (zero-edit checkpointing)."
     )
+    data_position: bool = Field(
+        False, description="Save where every DataLoader of the script stands in each checkpoint (epoch, batches "
+        "consumed, sampler and RNG state) and resume mid-epoch on the batch the uninterrupted run would have seen "
+        "next, without loading the skipped samples (zero-edit; a loader in the checkpoint state is saved either "
+        "way). See docs/checkpoint.md, \"Data position\".",
+    )
     save_on_sigterm: bool = Field(True, description="On SIGTERM, write a final checkpoint within the grace period.")
     sigterm_grace: Duration = Field(30.0, gt=0, description="Time the SIGTERM save may take (the ranks agree on its step within half of it).")
 
@@ -401,12 +412,12 @@ class Doctor(Section):
         "", description="Instance type whose defaults apply (p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p4d.24xlarge, "
         "p4de.24xlarge); empty: the node's DMI product name."
     )
-    gpus: Optional[int] = Field(None, ge=0, description="Expected GPUs on the node.")
+    gpus: int | None = Field(None, ge=0, description="Expected GPUs on the node.")
     gpu_model: str = Field("", description="Text the GPU name must contain (e.g. H100); empty: any model.")
-    nvlinks_per_gpu: Optional[int] = Field(None, ge=0, description="Expected active NVLinks per GPU.")
-    efa_devices: Optional[int] = Field(None, ge=0, description="Expected EFA/InfiniBand devices.")
-    min_storage_gbps: Optional[float] = Field(None, ge=0, description="Minimum checkpoint-dir write throughput in GB/s.")
-    checkpoint_size_gb: Optional[float] = Field(
+    nvlinks_per_gpu: int | None = Field(None, ge=0, description="Expected active NVLinks per GPU.")
+    efa_devices: int | None = Field(None, ge=0, description="Expected EFA/InfiniBand devices.")
+    min_storage_gbps: float | None = Field(None, ge=0, description="Minimum checkpoint-dir write throughput in GB/s.")
+    checkpoint_size_gb: float | None = Field(
         None, ge=0, description="Checkpoint size per node in GB: sets the free space, host memory and throughput needed."
     )
     checkpoint_every: OptionalDuration = Field(
@@ -428,7 +439,7 @@ class Doctor(Section):
 class Fault(Section):
     """One scheduled fault: fires once per run, at `step` on `rank`."""
 
-    kind: Literal["exception", "sigkill", "hang", "checkpoint_exception"]
+    kind: FaultKind
     step: int = Field(ge=1)
     rank: int = Field(0, ge=0)
 
@@ -452,7 +463,7 @@ class Profile(Section):
     faults: Faults = Field(default_factory=Faults)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Profile":
+    def _consistent(self) -> Profile:
         hb, inproc = self.heartbeat, self.inprocess
         if inproc.enabled and hb.timeout is not None and hb.timeout <= inproc.soft_timeout:
             raise ValueError(

@@ -1,17 +1,13 @@
 """Fault drills: a deterministic schedule of injected faults, each fired once per run.
 
 A schedule comes from the profile's `[faults] schedule` or `RESCTL_FAULTS`, spelled
-`KIND@STEP[:RANK],...`, e.g. `sigkill@30:1,exception@50,hang@70:0`. Kinds:
-
-- `exception`            raise in the training step (in-process restart or the launcher recovers)
-- `sigkill`              the rank kills itself with SIGKILL (only the launcher can recover)
-- `hang`                 the rank stops making progress (heartbeat/progress timeouts detect it)
-- `checkpoint_exception` the next checkpoint write fails part-way
+`KIND@STEP[:RANK],...`, e.g. `sigkill@30:1,exception@50,hang@70:0`. The kinds, what each does
+and the parser are `resctl.drills` (one registry for the schema, this module and the shim).
 
 "Once per run" survives restarts: a fault that fired leaves a marker in the run directory, so
 resuming from a checkpoint before its step does not fire it again.
 
-This module is imported by `resctl.profile` and must stay free of torch.
+Free of torch (the launcher's side reads schedules too).
 """
 
 from __future__ import annotations
@@ -20,28 +16,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-KINDS = ("exception", "sigkill", "hang", "checkpoint_exception")
+from resctl.drills import KINDS, FaultKind, parse_schedule
+
+__all__ = ["KINDS", "FaultKind", "FaultPlan", "InjectedFault", "parse_schedule"]
 
 
 class InjectedFault(RuntimeError):
     """Raised by an `exception` drill; the message names the drill so logs are unambiguous."""
-
-
-def parse_schedule(text: str) -> list[dict[str, Any]]:
-    """`'sigkill@30:1,exception@50'` -> `[{'kind': 'sigkill', 'step': 30, 'rank': 1}, ...]`."""
-    out: list[dict[str, Any]] = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        kind, at, where = item.partition("@")
-        if not at:
-            raise ValueError(f"{item!r}: expected KIND@STEP[:RANK]")
-        if kind not in KINDS:
-            raise ValueError(f"{item!r}: unknown fault kind {kind!r}; kinds are {', '.join(KINDS)}")
-        step, _, rank = where.partition(":")
-        try:
-            out.append({"kind": kind, "step": int(step), "rank": int(rank) if rank else 0})
-        except ValueError:
-            raise ValueError(f"{item!r}: STEP and RANK must be integers") from None
-    return out
 
 
 class FaultPlan:

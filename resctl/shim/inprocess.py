@@ -39,7 +39,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Protocol
 
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
@@ -54,14 +54,14 @@ class RestartHost(Protocol):
     """What the wrapper needs of the worker's shim (`resctl.shim.runtime.Shim` provides it)."""
 
     profile: Profile
-    run_dir: Optional[Path]
+    run_dir: Path | None
     cycle: int
     step: int
     world_size: int
     events: EventLog
     patches: Patches
 
-    def set_progress(self, ping: Optional[Callable[[], None]]) -> None: ...
+    def set_progress(self, ping: Callable[[], None] | None) -> None: ...
 
     def settle_checkpoint(self) -> None: ...
 
@@ -169,7 +169,7 @@ def gloo_abort(sockets: GlooSockets) -> Any:
     """An NVRx Abort: cut gloo connections (wakes blocked collectives), then NVRx's own abort."""
     from nvidia_resiliency_ext import inprocess
 
-    class AbortGloo(inprocess.abort.AbortTorchDistributed):  # type: ignore[misc, name-defined]
+    class AbortGloo(inprocess.abort.AbortTorchDistributed):  # type: ignore[misc]
         def __call__(self, state: Any) -> Any:
             sockets.cut()
             return super().__call__(state)
@@ -202,7 +202,9 @@ def build_wrapper(shim: RestartHost, port: int, sockets: GlooSockets | None = No
             "host_name": os.environ["MASTER_ADDR"], "port": port, "timeout": _seconds(cfg.barrier_timeout),
         },
         initialize=inprocess.initialize.RetryController(
-            max_iterations=cfg.max_iterations, min_world_size=min_world_size(shim),
+            # NVRx counts iterations (the first run is iteration 0); the key counts restarts
+            max_iterations=None if cfg.max_iterations is None else cfg.max_iterations + 1,
+            min_world_size=min_world_size(shim),
         ),
         health_check=health,
         monitor_thread_interval=_seconds(cfg.monitor_interval),
@@ -242,6 +244,46 @@ def announce_world(shim: RestartHost) -> None:
                   "restarts the group", file=sys.stderr, flush=True)
 
 
+FAULT_KEY = "resctl/fault/{cycle}/{iteration}"  # in the app store: what failed in that iteration
+FAULT_KEY_TIMEOUT = 2.0  # seconds a store call for the console line may take
+
+
+def tell_rank0(app: Any, cycle: int, iteration: int, err: BaseException) -> None:
+    """Leave this rank's failure where rank 0 reads it for the restart's console line. It is set
+    before the exception reaches the wrapper, so before the restart it causes begins. The first
+    failure wins; a peer's error ("Connection closed by peer" once the failed rank aborted) is kept
+    apart, so it names the fault only when no rank had one of its own."""
+    from resctl.telemetry.goodput import PEER_ERROR
+
+    text = f"{type(err).__name__}: {err}"
+    key = FAULT_KEY.format(cycle=cycle, iteration=iteration) + ("/peer" if PEER_ERROR.search(text) else "")
+    try:
+        # its own connection with a short timeout: the fault path never waits long on the store
+        store = app.clone()
+        store.set_timeout(datetime.timedelta(seconds=FAULT_KEY_TIMEOUT))
+        store.compare_set(key, "", f"rank {os.environ.get('RANK', '?')} failed ({text[:200]})")
+    except Exception:  # noqa: BLE001 - a console line is never worth hiding the fault itself
+        pass
+
+
+def restart_line(app: Any, shim: RestartHost, iteration: int) -> str:
+    """`resctl: rank 1 failed (RuntimeError: ...); ranks re-run the script in place (in-process restart 1 of 3)`: the
+    console line of one in-process restart, printed by rank 0 of the new iteration."""
+    key = FAULT_KEY.format(cycle=shim.cycle, iteration=iteration - 1)
+    cause = ""
+    for name in (key, key + "/peer"):
+        try:
+            if app.check([name]):
+                cause = app.get(name).decode()
+                break
+        except Exception:  # noqa: BLE001
+            break
+    cause = cause or "no rank raised (a hang, or a rank lost)"
+    limit = shim.profile.inprocess.max_iterations
+    count = f"in-process restart {iteration}" + (f" of {limit}" if limit is not None else "")
+    return f"resctl: {cause}; ranks re-run the script in place ({count})"
+
+
 def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseException], None] = lambda err: None) -> None:
     """Run `target` under the wrapper until it completes on every rank (or the wrapper gives up,
     which raises and so hands over to the launcher's in-job restart)."""
@@ -279,6 +321,8 @@ def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseExcep
         if call_wrapper.iteration > 0:
             world = int(os.environ.get("WORLD_SIZE", shim.world_size))
             shim.events.emit("restart", layer="inprocess", step=shim.step, world_size=world)
+            if int(os.environ.get("RANK", rank)) == 0:  # one line per restart, whichever rank faulted
+                print(restart_line(app, shim, call_wrapper.iteration), file=sys.stderr, flush=True)
             shim.settle_checkpoint()
             if fresh is not None:
                 fresh.restore()
@@ -293,6 +337,7 @@ def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseExcep
             if type(err).__name__ != "InjectedFault":  # injected ones were recorded when fired
                 shim.events.emit("fault", cause="exception", injected=False, step=shim.step,
                                  error=f"{type(err).__name__}: {err}")
+            tell_rank0(app, shim.cycle, current["iteration"], err)
             on_fault(err)
             raise
         finally:

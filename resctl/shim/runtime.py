@@ -27,8 +27,9 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
+from resctl.drills import KINDS, FaultKind
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
 from resctl.shim import ending, fork_env, forked, snapshots
@@ -36,7 +37,10 @@ from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
 from resctl.shim.stopstep import ANY_STEP, StopStep, StopStepUnavailable, open_for_default_group
 from resctl.shim.target import Target, parse_argv, run_target
-from resctl.telemetry.events import EventLog, host
+from resctl.telemetry.events import EventLog, host, process_started
+
+if TYPE_CHECKING:  # the engine imports torch; the shim loads it in _configure_checkpoint
+    from resctl.checkpoint.engine import Checkpointer
 
 EXIT_SIGTERM = 143
 OUTLAST = 10.0  # seconds rank 0 (the store's host) waits at a clean end for the other ranks to close
@@ -44,13 +48,13 @@ PING_EVERY = 0.1  # seconds between progress pings to the in-process wrapper (ra
 BEAT_EVERY = 1.0  # seconds between step heartbeats at most (rate limit); less for short timeouts
 
 
-def beat_interval(timeout: Optional[float]) -> float:
+def beat_interval(timeout: float | None) -> float:
     """Seconds between step heartbeats: `BEAT_EVERY`, or an eighth of a shorter heartbeat timeout
     (a hang is still seen within the timeout plus this)."""
     return BEAT_EVERY if timeout is None else min(BEAT_EVERY, timeout / 8)
 
 
-def load_plan(env: dict[str, str] | os._Environ[str]) -> tuple[Profile, Optional[Path]]:
+def load_plan(env: dict[str, str] | os._Environ[str]) -> tuple[Profile, Path | None]:
     path = env.get("RESCTL_PLAN")
     if not path:
         return Profile(), (Path(env["RESCTL_RUN_DIR"]) if env.get("RESCTL_RUN_DIR") else None)
@@ -112,13 +116,13 @@ class Heartbeats:
             if self.client is not None:
                 try:
                     self.client.shutdown_workload_monitoring()
-                except Exception:  # the monitor may be gone already at exit
+                except Exception:  # noqa: BLE001 - the monitor may be gone already at exit
                     pass
                 self.client = None
 
 
 class Shim:
-    def __init__(self, profile: Profile, run_dir: Optional[Path], env: Any = os.environ) -> None:
+    def __init__(self, profile: Profile, run_dir: Path | None, env: Any = os.environ) -> None:
         self.profile = profile
         self.run_dir = run_dir
         self.rank = int(env.get("RANK", "0"))
@@ -129,17 +133,19 @@ class Shim:
         self.faults = FaultPlan([f.model_dump() for f in profile.faults.schedule], self.rank, run_dir)
         self.step = 0
         self._last_step_t = time.monotonic()
-        self.sigterm_at: Optional[float] = None
-        self.checkpointer: Any = None
+        self.sigterm_at: float | None = None
+        #: The engine, once `_configure_checkpoint` made it; the shim is its `Hooks` (heartbeat,
+        #: loaded, final_gate, after_final: resctl.checkpoint.hooks).
+        self.checkpointer: Checkpointer | None = None
         #: The job's stop-step agreement over the script's process group (None: this rank stops alone).
-        self.stop_step: Optional[StopStep] = None
+        self.stop_step: StopStep | None = None
         self._stopping = False  # a stop at a step boundary is under way (by SIGTERM or a peer)
         self._stop_deadline = 0.0
-        self._stop_at: Optional[int] = None  # the agreed stop step, once known
+        self._stop_at: int | None = None  # the agreed stop step, once known
         self._stop_lock = threading.Lock()
         self._leaving = threading.Lock()
         #: The in-process wrapper's progress ping for the running iteration (None without one).
-        self.progress: Optional[Callable[[], None]] = None
+        self.progress: Callable[[], None] | None = None
         self._last_ping = 0.0
         #: Seconds between the heartbeats of optimizer steps: often enough for any timeout, rarely
         #: enough that their round trip to the rank monitor is no per-step cost.
@@ -176,10 +182,10 @@ class Shim:
             self._last_ping = now
             try:
                 progress()
-            except Exception:  # the wrapper may be between iterations; progress is best effort
+            except Exception:  # noqa: BLE001 - the wrapper may be between iterations; progress is best effort
                 pass
 
-    def set_progress(self, ping: Optional[Callable[[], None]]) -> None:
+    def set_progress(self, ping: Callable[[], None] | None) -> None:
         """Install (or clear) the progress ping of the running in-process iteration; its first
         step pings at once, which starts NVRx's manual progress timeout for the iteration."""
         self.progress = ping
@@ -188,14 +194,17 @@ class Shim:
             self._next_beat = 0.0
             self.heartbeats.beat()
 
-    def checkpoint_beat(self) -> None:
-        """Heartbeat for the checkpoint engine (before/after saves, during long writes)."""
+    def heartbeat(self) -> None:
+        """The engine's heartbeat (`Hooks`): before/after saves, during long writes and reads."""
         self.heartbeats.beat()
         self.ping()
 
     def settle_checkpoint(self) -> None:
         """After an in-process fault: let the previous iteration's write finish; a failed one was
         never published, so it is only reported (the script's `load` takes the newest valid one)."""
+        data = sys.modules.get("resctl.checkpoint.dataposition")
+        if data is not None:  # the script's next run has its own loaders
+            data.REGISTRY.reset()
         if self.checkpointer is None:
             return
         try:
@@ -204,19 +213,13 @@ class Shim:
             print(f"resctl: after restart: {err}", file=sys.stderr, flush=True)
 
     def fire_faults(self, step: int) -> None:
-        for kind in ("exception", "sigkill", "hang", "checkpoint_exception"):
+        """Fire the drills due at `step` on this rank (each once per run), in `KINDS` order."""
+        for kind in KINDS:
             if not self.faults.take(step, kind):
                 continue
             self.events.emit("fault", cause=kind, injected=True, step=step, error=f"injected {kind} at step {step}")
             print(f"resctl: FAULT DRILL: injecting {kind} at step {step} on rank {self.rank}", file=sys.stderr, flush=True)
-            if kind == "exception":
-                raise InjectedFault(f"resctl fault drill: exception at step {step} on rank {self.rank}")
-            if kind == "sigkill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            if kind == "hang":
-                self.hang()
-            if kind == "checkpoint_exception" and self.checkpointer is not None:
-                self.checkpointer.fail_next_write(f"resctl fault drill: checkpoint write failure at step {step}")
+            DRILL_ACTIONS[kind](self, step)
 
     def hang(self) -> None:
         """The `hang` drill: stop making optimizer steps forever, in short sleeps.
@@ -292,6 +295,7 @@ class Shim:
                 return
             self._stopping = True
         ckpt = self.checkpointer
+        assert ckpt is not None  # only a rank that stops at a boundary (stops_at_boundary) gets here
         self._stop_deadline = since + self.profile.checkpoint.sigterm_grace
         ckpt.request_final_save(deadline=self._stop_deadline)
         # Read after the request: the training thread sees the request at this boundary + 1 or sooner.
@@ -303,8 +307,12 @@ class Shim:
                              daemon=True).start()
         threading.Thread(target=self._exit_after_grace, daemon=True).start()
 
-    def stop_gate(self, step: int) -> bool:
-        """The checkpointer's `final_gate`: is the final save due at this boundary?"""
+    def loaded(self, step: int, seconds: float) -> None:
+        """The engine's `loaded` (`Hooks`): the script resumes at `step` (0: from the start)."""
+        self.on_resume(step, load_seconds=seconds)
+
+    def final_gate(self, step: int) -> bool:
+        """The engine's `final_gate` (`Hooks`): is the final save due at this boundary?"""
         if self._stop_at is None:
             self._stop_at = self._agree(step)
         return step >= self._stop_at
@@ -315,7 +323,7 @@ class Shim:
             return step
         t0 = time.monotonic()
         try:
-            agreed = coordinator.agree(timeout=max(0.0, self._stop_deadline - t0) / 2, tick=self.checkpoint_beat)
+            agreed = coordinator.agree(timeout=max(0.0, self._stop_deadline - t0) / 2, tick=self.heartbeat)
             outcome = "agreed"
         except StopStepUnavailable as err:
             print(f"resctl: rank {self.rank}: saving at step {step} without the other ranks: {err}",
@@ -329,17 +337,20 @@ class Shim:
         # The training thread leaves at the final save (`after_final`); this leaves when the grace
         # period is over if the loop never gets there (after the in-flight write lands).
         remaining = max(0.0, self._stop_deadline - time.monotonic())
-        if self.checkpointer.final_done.wait(remaining):
+        ckpt = self.checkpointer
+        assert ckpt is not None  # started by stop_at_boundary
+        if ckpt.final_done.wait(remaining):
             return
         try:
-            self.checkpointer.wait()
+            ckpt.wait()
         finally:
             self.leave("sigterm")
 
-    def after_final_save(self) -> None:
-        """The checkpointer's `after_final`: the final save is over; training must not go past it."""
+    def after_final(self) -> None:
+        """The engine's `after_final` (`Hooks`): the final save is over; training must not go past it."""
         try:
-            self.checkpointer.wait()
+            if self.checkpointer is not None:
+                self.checkpointer.wait()
         finally:
             self.leave("sigterm")
 
@@ -418,31 +429,51 @@ class Shim:
 
     def _configure_checkpoint(self) -> None:
         from resctl import checkpoint
+        from resctl.checkpoint.engine import Checkpointer
 
-        ckpt = checkpoint.Checkpointer.from_section(
-            self.profile.checkpoint, events=self.events, heartbeat=self.checkpoint_beat,
-        )
-        load = ckpt.load
-
-        def load_and_record(state: Any) -> int:
-            t0 = time.monotonic()
-            step = load(state)
-            self.on_resume(step, load_seconds=time.monotonic() - t0)
-            return step
-
-        ckpt.load = load_and_record  # type: ignore[method-assign]
-        ckpt.final_gate = self.stop_gate
-        ckpt.after_final = self.after_final_save
+        ckpt = Checkpointer(self.profile.checkpoint, events=self.events, hooks=self)
         self.checkpointer = checkpoint.set_default(ckpt)
         if self.profile.checkpoint.intercept_torch_save:
             from resctl.checkpoint import intercept
 
-            intercept.install(self.profile.checkpoint.intercept_torch_save, self.checkpointer)
+            intercept.install(self.profile.checkpoint.intercept_torch_save, ckpt.writes)
             self.patches.on_undo(intercept.uninstall)
+        if self.profile.checkpoint.data_position:  # every loader's position joins every checkpoint
+            from resctl.checkpoint import dataposition
+
+            snapshots_too = bool(self.profile.checkpoint.intercept_torch_save)
+            self.patches.on_undo(dataposition.install_auto(self.events, snapshots_too))
 
     # -- running ---------------------------------------------------------------------------
     def run_target(self, target: Target) -> None:
         run_target(target)
+
+
+def _drill_exception(shim: Shim, step: int) -> None:
+    raise InjectedFault(f"resctl fault drill: exception at step {step} on rank {shim.rank}")
+
+
+def _drill_sigkill(shim: Shim, step: int) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _drill_hang(shim: Shim, step: int) -> None:
+    shim.hang()
+
+
+def _drill_checkpoint_exception(shim: Shim, step: int) -> None:
+    if shim.checkpointer is not None:
+        shim.checkpointer.fail_next_write(f"resctl fault drill: checkpoint write failure at step {step}")
+
+
+#: What each drill of the registry (`resctl.drills`) does in a worker.
+DRILL_ACTIONS: dict[FaultKind, Callable[[Shim, int], None]] = {
+    "exception": _drill_exception,
+    "sigkill": _drill_sigkill,
+    "hang": _drill_hang,
+    "checkpoint_exception": _drill_checkpoint_exception,
+}
+assert set(DRILL_ACTIONS) == set(KINDS), "every drill in resctl.drills needs an action here"
 
 
 def main(argv: list[str]) -> int:
@@ -460,7 +491,8 @@ def main(argv: list[str]) -> int:
     from resctl.launch.titles import set_title, worker_title
 
     set_title(worker_title(shim.rank, int(os.environ.get("LOCAL_RANK", "0")), os.path.basename(target.name)))
-    shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name)
+    shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name,
+                     spawned=process_started())
     if shim.cycle > 0:  # ft_launcher restarted the worker group (in-job restart)
         shim.events.emit("restart", layer="launcher")
     if profile.faults.schedule and shim.rank == 0:

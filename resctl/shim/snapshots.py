@@ -25,20 +25,37 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Protocol
 
-from resctl.telemetry.events import parse_line, rank_files
+from resctl.patching import Patches
+from resctl.telemetry.events import EventLog, parse_line, rank_files
 from resctl.telemetry.snapshots import SnapshotLedger, file_id
 
-if TYPE_CHECKING:
-    from resctl.shim.runtime import Shim
+
+class PendingWrites(Protocol):
+    def pending_path(self) -> Path | None: ...
+
+
+class SnapshotHost(Protocol):
+    """What the tracker needs of the worker's shim (`resctl.shim.runtime.Shim` provides it; typed
+    here so this module imports nothing of the runtime)."""
+
+    run_dir: Path | None
+    events: EventLog
+    patches: Patches
+    step: int
+
+    @property
+    def checkpointer(self) -> PendingWrites | None: ...
+
+    def on_resume(self, step: int, load_seconds: float = 0.0, **detail: Any) -> None: ...
 
 _MARKS = (b'"snapshot"', b'"path"')  # only these lines can matter to the ledger
 CHUNK = 8 << 20
 
 
 class SnapshotTracker:
-    def __init__(self, shim: "Shim") -> None:
+    def __init__(self, shim: SnapshotHost) -> None:
         self.shim = shim
         self.ledger = SnapshotLedger(remember=True)
         self._offsets: dict[Path, int] = {}
@@ -121,7 +138,7 @@ def _path(f: Any) -> str | None:
     return None
 
 
-def install(shim: "Shim") -> SnapshotTracker | None:
+def install(shim: SnapshotHost) -> SnapshotTracker | None:
     """Wrap torch.save/torch.load for `shim` (no run directory: nothing to record, not installed)."""
     if shim.run_dir is None:
         return None

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from resctl.drills import CAUSES
+
 EVENTS_GLOB = "events-rank*.jsonl"
 STEP_FLUSH_EVERY = 1.0  # seconds a step event may wait in memory before it is written
 STEP_BATCH = 1024  # steps written at once at most
@@ -68,6 +70,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("host", "str", "", "host name", optional=True),
         Field("world_size", "int", "", "WORLD_SIZE", optional=True),
         Field("script", "str", "", "the script or module run", optional=True),
+        Field("spawned", "float", "s", "unix time the process was created (fork or exec by the launcher, "
+              "10 ms resolution): the end of the launcher's rendezvous, for the report's recovery phases",
+              optional=True),
     ), "resctl.shim.runtime"),
     Kind("step", "an optimizer step finished", (
         Field("step", "int", "step", "the step's number (continues from the resumed step)"),
@@ -149,7 +154,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
               optional=True),
     ), "resctl.telemetry.snapshots"),
     Kind("fault", "the worker saw a fault (recorded before it acts on it)", (
-        Field("cause", "str", "", "exception, exit, sigkill, hang, checkpoint_exception, sigterm"),
+        Field("cause", "str", "", ", ".join(CAUSES)),
         Field("error", "str", "", "the error message", optional=True),
         Field("injected", "bool", "", "fired by a fault drill", optional=True),
         Field("step", "int", "step", "step the worker had reached", optional=True),
@@ -171,6 +176,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("source", "str", "", "checkpoint (resctl.checkpoint.load) or torch.load (a snapshot)",
               optional=True),
     ), "resctl.shim"),
+    Kind("data_position", "a data loader's position was resumed, re-split, left alone or is approximate "
+         "(checkpoint.data_position; docs/checkpoint.md)", (
+        Field("loader", "str", "", "the loader: its name in the checkpoint state, or #N (the N-th the script iterated)"),
+        Field("action", "str", "", "resumed, resplit, epoch (not fast-forwarded: the script set another epoch), "
+              "self-skip, approximate, left (a loader with its own state_dict)"),
+        Field("message", "str", "", "what the console line said"),
+    ), "resctl.checkpoint.dataposition"),
     Kind("stop", "the ranks agreed on the step of the final checkpoint of a stopped job (docs/recovery.md)", (
         Field("step", "int", "step", "the stop step: every rank saves at its first step boundary at or after it"),
         Field("at", "int", "step", "the step boundary where this rank learnt it"),
@@ -247,7 +259,7 @@ def _validator(spec: tuple[tuple[str, type, bool], ...]) -> Callable[[dict[str, 
         body.append("        return slow(obj, spec)")
     body.append("    return obj")
     scope: dict[str, Any] = {"slow": _validate_slowly, "spec": spec}
-    exec("\n".join(body), scope)  # noqa: S102 - code generated from KINDS above, no input involved
+    exec("\n".join(body), scope)
     return scope["check"]  # type: ignore[no-any-return]
 
 
@@ -355,6 +367,18 @@ NULL_LOG: EventLog = _NullLog()
 
 def host() -> str:
     return socket.gethostname()
+
+
+def process_started(pid: str = "self") -> float | None:
+    """Unix time the process was created (Linux /proc; clock ticks, 10 ms), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK")), 3)
 
 
 @dataclass

@@ -39,6 +39,7 @@ time; the Prometheus metrics feed the same `Analyzer` as lines arrive. Definitio
   step compute), over the wall time from the first `start` to the last event.
 - **Infrastructure goodput**: time the workers were up, over the same wall time. A launcher cycle
   is up from its last rank's `start` to its last event; in-process restarts keep the workers up.
+  The series gives both goodputs so far at every reference-rank step (`goodput`, `infra`).
 - **Cause of a recovery**: the fault that started it, in this order: a fault drill's (injected);
   a worker's own error; a rank that ended without any record before a launcher restart (`killed`:
   a signal, the OOM killer or a heartbeat timeout), timed at its last record; a collective error
@@ -50,6 +51,13 @@ time; the Prometheus metrics feed the same `Analyzer` as lines arrive. Definitio
   (launcher) or `restart` (in-process); checkpoint load: to the last rank's `resume`; first
   step: to the last rank's first step. A fault without a record is timed from the old epoch's
   last step.
+- **Phases of the restart** (the same split bench/scale measures at N simulated nodes), launcher
+  recoveries: stop, detection to the old epoch's last record (the survivors gone); rendezvous, to
+  the first new worker process created (`start`'s `spawned`: the launchers' rendezvous and rank
+  assignment are done); start workers, to the last rank's `start`. Without `spawned` (runs
+  before it existed) the rendezvous runs to the last `start` and start workers is None.
+  In-process: stop is None, rendezvous is the first to the last rank's `restart` (the wrapper's
+  barrier). stop + rendezvous + start workers = restart.
 - **Rollback**: the highest step the old epoch reached minus the step it resumed from.
 - **Checkpoint freshness**: at every reference-rank step, how many steps and seconds ago the
   newest durable checkpoint was taken (from the run's start when none yet).
@@ -101,6 +109,9 @@ class Recovery:
     rollback_steps: int
     injected: bool
     tier: str | None = None  # where the resumed state came from (ckpt_load): memory, buddy, disk; "+" joins several
+    stop: float | None = None  # phases of `restart` (module docstring): the old workers gone
+    rendezvous: float | None = None  # ... the launchers' rendezvous (in-process: the wrapper's barrier)
+    start_workers: float | None = None  # ... first worker process created to the last rank's start
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,9 @@ class Calibration:
     mem_commit: float | None = None  # mean staged-to-committed time in the background
     mem_bytes: float | None = None
     memory_every: int | None = None  # from plan.json, else the most common gap between snapshots
+    #: where async_ comes from: "plan.json" (checkpoint.async), "torch.save" (the script's own saves,
+    #: which block whatever plan.json says), "" (unknown)
+    async_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,7 @@ class Sample:
     age_steps: int
     age_s: float
     kept: bool
+    infra: float = 0.0  # infrastructure goodput so far: time the workers were up / time since the start
 
 
 @dataclass
@@ -306,6 +321,7 @@ class _Epoch:
         self.key = key
         self.first_t = self.last_t = t
         self.start_max: float | None = None
+        self.spawned_min: float | None = None  # earliest `spawned` of a start in this epoch
         self.restart_min: float | None = None
         self.restart_max: float | None = None
         self.resume_max_t: float | None = None
@@ -432,6 +448,9 @@ class Analyzer:
             if self.t0 is None or t < self.t0:
                 self.t0 = t
             ep.start_max = t if ep.start_max is None else max(ep.start_max, t)
+            spawned = e.get("spawned")
+            if spawned is not None and (ep.spawned_min is None or spawned < ep.spawned_min):
+                ep.spawned_min = spawned
         elif kind == "restart":
             ep.restart_min = t if ep.restart_min is None else min(ep.restart_min, t)
             ep.restart_max = t if ep.restart_max is None else max(ep.restart_max, t)
@@ -613,12 +632,16 @@ class Analyzer:
             productive += c
             steps_run += ep.track.n
 
-        up = 0.0
+        spans: list[tuple[float, float]] = []  # (begin, end) the workers of each launcher cycle were up
         for cycle in sorted({k[0] for k in order}):
             ces = [ep for ep in eps if ep.key[0] == cycle]
             starts = [ep.start_max for ep in ces if ep.start_max is not None]
             begin = max(starts) if starts else min(ep.first_t for ep in ces)
-            up += max(0.0, max(ep.last_t for ep in ces) - begin)
+            spans.append((begin, max(begin, max(ep.last_t for ep in ces))))
+        up = sum(end - begin for begin, end in spans)
+
+        def up_until(t: float) -> float:
+            return sum(max(0.0, min(t, end) - begin) for begin, end in spans)
 
         recoveries = [_recovery(a, b, t0) for a, b in zip(eps, eps[1:])]
         index = {ep.key: i for i, ep in enumerate(eps)}
@@ -627,7 +650,9 @@ class Analyzer:
             i = index[key]
             kept = step <= cutoffs[i]
             _, c = eps[i].track.upto(min(step, cutoffs[i]), mean_step)
-            points.append(Sample(t - t0, step, (kept_before[i] + c) / max(t - t0, 1e-9), age_steps, age_s, kept))
+            since = max(t - t0, 1e-9)
+            points.append(Sample(t - t0, step, (kept_before[i] + c) / since, age_steps, age_s, kept,
+                                 up_until(t) / since))
         n = self.age_n
         freshness = {
             "mean_age_steps": self.age_steps_sum / n if n else None, "max_age_steps": self.age_steps_max,
@@ -644,6 +669,8 @@ class Analyzer:
                 "total": _stats(totals),
                 "detection": _stats([r.detection for r in done]),
                 "restart": _stats([r.restart for r in done]),
+                **{phase: _stats([v for r in done if (v := getattr(r, phase)) is not None])
+                   for phase in ("stop", "rendezvous", "start_workers")},
                 "load": _stats([r.load for r in done]),
                 "first_step": _stats([r.first_step for r in recoveries if r.first_step is not None]),
             },
@@ -668,8 +695,9 @@ class Analyzer:
             interval = None  # the script saves when it wants: checkpoint.interval_steps does not apply
         if interval is None:
             interval = saves.interval()
+        async_source = "plan.json" if async_ is not None else ""
         if saves is self.plain and saves.count[1]:
-            async_ = False  # the script's own torch.save: every save blocks for its write
+            async_, async_source = False, "torch.save"  # the script's own torch.save: every save blocks for its write
         totals = [r.total for r in recoveries if r.total is not None]
         c0, cw, n_idle, n_busy = self._interference() if self.calibrate else (None, None, 0, 0)
         stall, waited, write, size = saves.means()
@@ -680,7 +708,7 @@ class Analyzer:
             step_time_p50=(percentile(self.samples, 50) or 0.0) if self.calibrate else mean_step,
             step_samples=self.samples_n,
             stall=stall, waited=waited, write=write, write_bytes=size,
-            saves=int(saves.count[1]), interval_steps=interval, async_=async_,
+            saves=int(saves.count[1]), interval_steps=interval, async_=async_, async_source=async_source,
             restart=sum(totals) / len(totals) if totals else None,
             unplanned_faults=sum(1 for r in recoveries if not r.injected),
             wall_s=wall, step_time_idle=c0, step_time_writing=cw,
@@ -790,9 +818,16 @@ def _recovery(old: _Epoch, new: _Epoch, t0: float) -> Recovery:
         stops = [t for t, r in old.stops if t >= t_fault and r != rank]
         t_detect = min(stops) if stops else max(t_fault, old.last_t)
         t_restarted = new.start_max if new.start_max is not None else t_detect
+        t_stopped = min(max(old.last_t, t_detect), t_restarted)
+        stop: float | None = max(0.0, t_stopped - t_detect)
+        # `spawned` is clock ticks: never before the stop, never after the last start.
+        t_spawned = None if new.spawned_min is None else min(max(new.spawned_min, t_stopped), t_restarted)
+        rendezvous: float | None = max(0.0, (t_spawned if t_spawned is not None else t_restarted) - t_stopped)
+        start_workers = None if t_spawned is None else max(0.0, t_restarted - t_spawned)
     else:
         t_detect = new.restart_min if new.restart_min is not None else new.first_t
         t_restarted = new.restart_max if new.restart_max is not None else t_detect
+        stop, rendezvous, start_workers = None, max(0.0, t_restarted - t_detect), None
     t_loaded = max(new.resume_max_t if new.resume_max_t is not None else t_restarted, t_restarted)
     t_first = max(new.first_step_t.values()) if new.first_step_t else None
     if new.resume_min_step is not None:
@@ -808,6 +843,7 @@ def _recovery(old: _Epoch, new: _Epoch, t0: float) -> Recovery:
         total=None if t_first is None else t_first - t_fault,
         last_step=last_step, resumed_step=resumed, rollback_steps=max(0, last_step - resumed),
         injected=injected, tier="+".join(sorted(new.load_tiers)) or None,
+        stop=stop, rendezvous=rendezvous, start_workers=start_workers,
     )
 
 

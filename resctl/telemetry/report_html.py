@@ -1,20 +1,53 @@
-"""A self-contained HTML page for `resctl report --html`: summary tables and plotly figures.
+"""A self-contained HTML page for `resctl report --html`: what the text report says, and plots.
+
+An operator answers from the page alone: steps completed and lost, how far each fault rolled
+back and where the state came from, how fresh the newest checkpoint was (steps and seconds),
+each restart's cause and layer (drills marked), training vs infrastructure goodput over time,
+the ranks, memory snapshots and the event timeline. Tables carry ids (`summary`, `recoveries`,
+`recovery-stats`, `causes`, `timeline`) so a test can read the rendered page.
 
 plotly.js is inlined once (about 4.7 MB), so the file opens from disk in any browser with no
 server and no network (clusters are often air-gapped). Figures: a timeline of the reference
-rank's steps (rolled-back steps greyed) with faults, restarts, resumes and durable checkpoints;
-training goodput over time; checkpoint freshness; and the recovery phases of every fault.
+rank's steps (rolled-back steps greyed) with faults, restarts of each layer (at the step they
+interrupted), resumes and durable checkpoints; goodput over time (training and infrastructure);
+checkpoint freshness in steps and seconds; and the recovery phases of every fault.
 plotly is imported here only, so `resctl --help` and the terminal report never load it.
 """
 
 from __future__ import annotations
 
+import bisect
 import html
-from typing import Any
+from typing import Any, Iterable, Sequence
 
-from resctl.telemetry.goodput import RunAnalysis
+from resctl.telemetry.goodput import Recovery, RunAnalysis
 
 PHASES = (("detection", "#d62728"), ("restart", "#ff7f0e"), ("load", "#1f77b4"), ("first_step", "#2ca02c"))
+TIMELINE_ROWS = 2000  # rows of the event table (the rest: --json)
+RESTART_MARKS = {"launcher": ("launcher restart", "square", "#8c564b"),
+                 "inprocess": ("in-process restart", "star", "#ff7f0e")}
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def state_source(a: RunAnalysis, r: Recovery) -> str:
+    """Where a recovery's state came from: the tier of its ckpt_load, else the resume's source
+    (`source=torch.load` for a script's own snapshot), as the text report's timeline says it."""
+    if r.tier:
+        return r.tier
+    later = [e for e in a.timeline if e["kind"] == "resume" and e["t"] >= r.t_fault]
+    if later and later[0].get("source"):
+        return f"source={later[0]['source']}"
+    return "no checkpoint (from scratch)" if r.resumed_step == 0 else "not recorded"
+
+
+def _step_at(a: RunAnalysis, t: float) -> int:
+    """The reference rank's step at time t (the last one made before it); 0 before the first."""
+    times = [s.t for s in a.series]
+    i = bisect.bisect_right(times, t) - 1
+    return a.series[i].step if i >= 0 else 0
 
 
 def figures(a: RunAnalysis) -> list[Any]:
@@ -22,9 +55,11 @@ def figures(a: RunAnalysis) -> list[Any]:
     import plotly.graph_objects as go  # type: ignore[import-untyped]
     from plotly.subplots import make_subplots  # type: ignore[import-untyped]
 
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.5, 0.25, 0.25],
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07, row_heights=[0.5, 0.25, 0.25],
+                        specs=[[{}], [{}], [{"secondary_y": True}]],
                         subplot_titles=("timeline: steps, faults, restarts, checkpoints",
-                                        "training goodput so far", "checkpoint freshness (steps since the newest durable one)"))
+                                        "goodput so far: training and infrastructure",
+                                        "checkpoint freshness: age of the newest durable checkpoint"))
     kept = [s for s in a.series if s.kept]
     lost = [s for s in a.series if not s.kept]
     fig.add_trace(go.Scatter(x=[s.t for s in kept], y=[s.step for s in kept], mode="markers", name="step (kept)",
@@ -35,94 +70,171 @@ def figures(a: RunAnalysis) -> list[Any]:
     marks = {
         "ckpt_persist": ("checkpoint durable", "triangle-up", "#2ca02c"),
         "snapshot": ("torch.save snapshot", "triangle-up-open", "#2ca02c"),
-        "resume": ("resume (checkpoint loaded)", "diamond", "#9467bd"),
+        "resume": ("resume (state loaded)", "diamond", "#9467bd"),
         "start": ("worker start", "circle-open", "#7f7f7f"),
-        "restart": ("in-process restart", "star", "#ff7f0e"),
     }
     for kind, (label, symbol, color) in marks.items():
         evs = [e for e in a.timeline if e["kind"] == kind]
         if evs:
             fig.add_trace(go.Scatter(
-                x=[e["t"] for e in evs], y=[e.get("step", 0) for e in evs], mode="markers", name=label,
-                marker={"symbol": symbol, "size": 9, "color": color},
-                text=[f"rank {e['rank']} cycle {e['cycle']} iteration {e['iteration']}" for e in evs]), row=1, col=1)
+                x=[e["t"] for e in evs], y=[e.get("step", _step_at(a, e["t"])) for e in evs], mode="markers",
+                name=label, marker={"symbol": symbol, "size": 9, "color": color},
+                text=[_describe(e) for e in evs]), row=1, col=1)
+    for layer, (label, symbol, color) in RESTART_MARKS.items():
+        evs = [e for e in a.timeline if e["kind"] == "restart" and e.get("layer") == layer]
+        if evs:  # a launcher restart's worker has no step yet: drawn at the step the fault interrupted
+            fig.add_trace(go.Scatter(
+                x=[e["t"] for e in evs], y=[e.get("step", _step_at(a, e["t"])) for e in evs], mode="markers",
+                name=label, marker={"symbol": symbol, "size": 11, "color": color},
+                text=[_describe(e) for e in evs]), row=1, col=1)
     faults = [e for e in a.timeline if e["kind"] == "fault"]
     if faults:
         fig.add_trace(go.Scatter(
-            x=[e["t"] for e in faults], y=[e.get("step", 0) for e in faults], mode="markers", name="fault",
-            marker={"symbol": "x", "size": 12, "color": "#d62728"},
-            text=[f"{e.get('cause')} on rank {e['rank']}" + (" (injected)" if e.get("injected") else "") for e in faults]),
-            row=1, col=1)
+            x=[e["t"] for e in faults], y=[e.get("step", _step_at(a, e["t"])) for e in faults], mode="markers",
+            name="fault (* drill)", marker={"symbol": "x", "size": 12, "color": "#d62728"},
+            text=[_describe(e) for e in faults]), row=1, col=1)
     for r in a.recoveries:
         if r.total is not None:
             fig.add_vrect(x0=r.t_fault, x1=r.t_fault + r.total, fillcolor="#d62728", opacity=0.08, line_width=0,
                           row=1, col=1)
-    fig.add_trace(go.Scatter(x=[s.t for s in a.series], y=[s.goodput for s in a.series], mode="lines",
-                             name="training goodput", line={"color": "#1f77b4"}), row=2, col=1)
-    fig.add_trace(go.Scatter(x=[s.t for s in a.series], y=[s.age_steps for s in a.series], mode="lines",
-                             name="checkpoint age (steps)", line={"color": "#2ca02c", "shape": "hv"}), row=3, col=1)
+    xs = [s.t for s in a.series]
+    fig.add_trace(go.Scatter(x=xs, y=[s.goodput for s in a.series], mode="lines", name="training goodput",
+                             line={"color": "#1f77b4"}), row=2, col=1)
+    fig.add_trace(go.Scatter(x=xs, y=[s.infra for s in a.series], mode="lines", name="infrastructure goodput",
+                             line={"color": "#7f7f7f", "dash": "dot"}), row=2, col=1)
+    fig.add_trace(go.Scatter(x=xs, y=[s.age_steps for s in a.series], mode="lines", name="checkpoint age (steps)",
+                             line={"color": "#2ca02c", "shape": "hv"}), row=3, col=1, secondary_y=False)
+    fig.add_trace(go.Scatter(x=xs, y=[s.age_s for s in a.series], mode="lines", name="checkpoint age (s)",
+                             line={"color": "#17becf", "dash": "dash"}), row=3, col=1, secondary_y=True)
     fig.update_yaxes(title_text="step", row=1, col=1)
     fig.update_yaxes(title_text="goodput", tickformat=".0%", range=[0, 1.05], row=2, col=1)
-    fig.update_yaxes(title_text="steps", row=3, col=1)
+    fig.update_yaxes(title_text="steps", row=3, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="seconds", row=3, col=1, secondary_y=True)
     fig.update_xaxes(title_text="seconds since the run started", row=3, col=1)
-    fig.update_layout(height=850, template="plotly_white", legend={"orientation": "h", "y": -0.08})
+    fig.update_layout(height=950, template="plotly_white", legend={"orientation": "h", "y": -0.1},
+                      margin={"b": 160})
     out = [fig]
 
     if a.recoveries:
         bars = go.Figure()
-        labels = [f"#{i + 1} {r.layer}: {r.cause} @ {r.t_fault:.0f}s, {r.last_step}->{r.resumed_step} from {r.tier or '?'}"
-                  for i, r in enumerate(a.recoveries)]
+        labels = [f"#{i + 1} {r.layer}: {r.cause}{'*' if r.injected else ''} @ {r.t_fault:.0f}s, "
+                  f"{r.last_step}->{r.resumed_step} ({state_source(a, r)})" for i, r in enumerate(a.recoveries)]
         for phase, color in PHASES:
-            bars.add_trace(go.Bar(y=labels, x=[getattr(r, phase) or 0.0 for r in a.recoveries], name=phase.replace("_", " "),
-                                  orientation="h", marker_color=color))
+            bars.add_trace(go.Bar(y=labels, x=[getattr(r, phase) or 0.0 for r in a.recoveries],
+                                  name=phase.replace("_", " "), orientation="h", marker_color=color))
+        # every phase in the legend, above the bars; each bar tall enough for its label
         bars.update_layout(barmode="stack", title="recovery time per fault (seconds)", template="plotly_white",
-                           height=140 + 40 * len(labels), yaxis={"autorange": "reversed"})
+                           height=260 + 48 * len(labels), yaxis={"autorange": "reversed", "automargin": True},
+                           legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"},
+                           margin={"t": 110})
         out.append(bars)
     return out
 
 
-def _table(rows: list[tuple[str, str]]) -> str:
-    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return f"<table>{body}</table>"
+def _describe(e: dict[str, Any]) -> str:
+    detail = " ".join(f"{k}={e[k]}" for k in ("step", "tier", "cause", "layer", "status", "reason", "source")
+                      if k in e)
+    return f"{e['kind']}{'*' if e.get('injected') else ''} rank {e['rank']} cycle {e['cycle']} " \
+           f"iteration {e['iteration']}: {detail}"
 
 
-def _fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
+def _table(table_id: str, head: Sequence[str], rows: Iterable[Sequence[str]], caption: str = "") -> str:
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table id="{table_id}">{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def summary_rows(a: RunAnalysis) -> list[tuple[str, str]]:
+    """The text report's goodput table, with the answers an operator asks first."""
+    cal, f = a.calibration, a.freshness
+    newest = a.series[-1] if a.series else None
+    rows = [
+        ("wall time", f"{a.wall_s:.1f} s"),
+        ("training goodput", f"{a.training_goodput:.2%} ({a.productive_s:.1f} s of kept steps)"),
+        ("infrastructure goodput", f"{a.infrastructure_goodput:.2%} ({a.up_s:.1f} s with the workers up)"),
+        ("steps completed", f"{a.kept_steps} kept of {a.steps_run} run; final step {a.final_step}"),
+        ("steps lost", f"{a.steps_run - a.kept_steps} rolled back and run again"),
+        ("ranks", f"{len(a.ranks)}: {', '.join(map(str, a.ranks))}"),
+        ("step compute", f"{cal.step_time:.4g} s mean, {cal.step_time_p50:.4g} s p50 ({cal.step_samples} steps)"),
+        ("checkpoints", f"{a.checkpoints} durable" + (f" ({a.snapshots} of them the script's torch.save snapshots)"
+                                                    if a.snapshots else "")
+         + f"; stall {_fmt(cal.stall, '.4g')} s, wait {_fmt(cal.waited, '.4g')} s, write {_fmt(cal.write, '.4g')} s "
+           f"mean; interval {cal.interval_steps or '-'} steps"),
+    ]
+    if cal.mem_snapshots:
+        rows.append(("memory snapshots", f"{cal.mem_snapshots} (reference rank); stall {_fmt(cal.mem_stall, '.4g')} s, "
+                                         f"wait {_fmt(cal.mem_waited, '.4g')} s, commit {_fmt(cal.mem_commit, '.4g')} s "
+                                         f"mean; every {cal.memory_every or '-'} steps"))
+    rows.append(("checkpoint freshness", f"mean {_fmt(f['mean_age_steps'], '.1f')} steps / {_fmt(f['mean_age_s'], '.1f')} s, "
+                                         f"max {_fmt(f['max_age_steps'], '.0f')} steps / {_fmt(f['max_age_s'], '.1f')} s"))
+    if newest is not None:
+        rows.append(("newest checkpoint at the end", f"{newest.age_steps} steps / {newest.age_s:.1f} s old at step "
+                                                     f"{newest.step}"))
+    if a.failed_saves or a.skipped_checkpoints:
+        last = f"; last: {a.last_save_error}" if a.last_save_error else ""
+        rows.append(("checkpoint problems", f"{a.failed_saves} failed save(s){last}; {a.skipped_checkpoints} "
+                                            "damaged or unusable checkpoint(s) skipped by a load (see ckpt_skip)"))
+    rows.append(("faults", f"{len(a.recoveries)} recovered" if a.recoveries else "none: the run never restarted"))
+    if a.damaged_lines:
+        rows.append(("events", f"{a.damaged_lines} damaged line(s) skipped (not valid records, see docs/events.md)"))
+    return rows
+
+
+def recovery_rows(a: RunAnalysis) -> list[list[str]]:
+    return [[str(i + 1), f"{r.t_fault:.1f}", r.layer, r.cause + ("*" if r.injected else ""),
+             "-" if r.rank is None else str(r.rank), _fmt(r.detection), _fmt(r.restart), _fmt(r.load),
+             _fmt(r.first_step), _fmt(r.total) if r.total is not None else "none",
+             f"{r.last_step}->{r.resumed_step} ({r.rollback_steps} step{'' if r.rollback_steps == 1 else 's'})",
+             state_source(a, r)]
+            for i, r in enumerate(a.recoveries)]
+
+
+def timeline_rows(a: RunAnalysis) -> list[list[str]]:
+    shown = [e for e in a.timeline if e["kind"] != "ckpt_persist"]
+    rows = [[f"{e['t']:.2f}", str(e["rank"]), str(e["cycle"]), str(e["iteration"]),
+             e["kind"] + ("*" if e.get("injected") else ""),
+             " ".join(f"{k}={e[k]}" for k in ("step", "tier", "cause", "layer", "status", "reason", "source") if k in e)]
+            for e in shown[:TIMELINE_ROWS]]
+    if len(shown) > TIMELINE_ROWS:
+        rows.append(["...", "", "", "", f"{len(shown) - TIMELINE_ROWS} more (see --json)", ""])
+    return rows
 
 
 def render_html(a: RunAnalysis, title: str = "resctl report") -> str:
     """The whole page as a string."""
-    cal, f = a.calibration, a.freshness
-    summary = _table([
-        ("wall time", f"{a.wall_s:.1f} s"),
-        ("training goodput", f"{a.training_goodput:.2%} ({a.productive_s:.1f} s of kept steps)"),
-        ("infrastructure goodput", f"{a.infrastructure_goodput:.2%} ({a.up_s:.1f} s with the workers up)"),
-        ("steps", f"{a.kept_steps} kept of {a.steps_run} run; final step {a.final_step}"),
-        ("step compute", f"{cal.step_time:.4g} s mean ({cal.step_samples} steps)"),
-        ("checkpoints", f"{a.checkpoints} durable ({a.snapshots} torch.save snapshots); stall {_fmt(cal.stall, '.4g')} s, write {_fmt(cal.write, '.4g')} s"),
-        ("checkpoint freshness", f"mean {_fmt(f['mean_age_steps'], '.1f')} / max {_fmt(f['max_age_steps'], '.0f')} steps"),
-        ("faults", ", ".join(f"{k} x{v}" for k, v in a.causes.items()) or "none"),
-        ("damaged event lines skipped", str(a.damaged_lines)),
-    ])
-    rec_rows = []
-    for phase in ("total", "detection", "restart", "load", "first_step"):
-        s = a.recovery_stats[phase]
-        rec_rows.append((phase.replace("_", " "), f"p50 {_fmt(s['p50'])} s, p95 {_fmt(s['p95'])} s, max {_fmt(s['max'])} s"))
-    r = a.rollback_stats
-    rec_rows.append(("rollback", f"p50 {_fmt(r['p50'], '.0f')}, p95 {_fmt(r['p95'], '.0f')}, max {_fmt(r['max'], '.0f')} steps"))
-    rec_rows += [(f"#{i + 1} {x.layer}: {x.cause}", f"rolled back {x.last_step}->{x.resumed_step}, state from "
-                  f"{x.tier or 'unknown (no ckpt_load)'}") for i, x in enumerate(a.recoveries)]
+    summary = _table("summary", ("measure", "value"), summary_rows(a))
+    sections = [f"<h2>Goodput, steps and checkpoints</h2>{summary}"]
+    if a.recoveries:
+        drill = "; * injected by a fault drill" if any(r.injected for r in a.recoveries) else ""
+        sections.append(f"<h2>Faults and recovery ({len(a.recoveries)})</h2>" + _table(
+            "recoveries", ("#", "t (s)", "layer", "cause", "rank", "detect (s)", "restart (s)", "load (s)",
+                           "1st step (s)", "total (s)", "rollback", "state from"),
+            recovery_rows(a), caption=f"one row per recovered fault, times in seconds{drill}"))
+        stats = [[phase.replace("_", " "), _fmt(a.recovery_stats[phase]["p50"]), _fmt(a.recovery_stats[phase]["p95"]),
+                  _fmt(a.recovery_stats[phase]["max"])] for phase in ("total", "detection", "restart", "load", "first_step")]
+        r = a.rollback_stats
+        stats.append(["rollback (steps)", _fmt(r["p50"], ".0f"), _fmt(r["p95"], ".0f"), _fmt(r["max"], ".0f")])
+        sections.append(_table("recovery-stats", ("recovery (s)", "p50", "p95", "max"), stats))
+        causes = sorted(a.causes.items(), key=lambda kv: -kv[1])
+        sections.append("<h2>Restart causes</h2>" + _table("causes", ("restart cause", "count"),
+                                                           [[c, str(n)] for c, n in causes]))
+    else:
+        sections.append("<h2>Faults and recovery</h2><p>no faults: the run never restarted</p>")
     figs = figures(a)
-    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
-             for i, fig in enumerate(figs)]
+    plots = "".join(fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
+                    for i, fig in enumerate(figs))
+    events = _table("timeline", ("t (s)", "rank", "cycle", "iter", "event", "detail"), timeline_rows(a),
+                    caption="steps, stalls and durable-checkpoint records omitted (see the plot and --json); "
+                            "* injected by a fault drill")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}}
 table{{border-collapse:collapse;margin:1em 0}}th,td{{text-align:left;padding:.2em 1em;border-bottom:1px solid #ddd}}
-th{{font-weight:600}}</style></head>
+th{{font-weight:600}}caption{{caption-side:bottom;text-align:left;color:#555;padding-top:.3em}}</style></head>
 <body><h1>{html.escape(title)}</h1>
-<h2>Goodput</h2>{summary}
-<h2>Recovery ({len(a.recoveries)} fault(s))</h2>{_table(rec_rows)}
-{''.join(parts)}
+{''.join(sections)}
+<h2>Plots</h2>{plots}
+<h2>Event timeline</h2>{events}
 </body></html>
 """

@@ -15,6 +15,7 @@ def failure_summary(run_dir: Path, exit_code: int) -> list[str]:
     stats = ReadStats()
     faults: list[dict[str, Any]] = []
     cycles = 0
+    inprocess: set[tuple[int, int]] = set()  # (cycle, iteration) of each in-process restart
     seen: dict[int, set[int]] = collections.defaultdict(set)  # cycle -> ranks with a record
     said: dict[int, set[int]] = collections.defaultdict(set)  # cycle -> ranks that recorded a fault or an end
     for e in read_run(run_dir, stats) if run_dir.is_dir() else ():
@@ -26,7 +27,10 @@ def failure_summary(run_dir: Path, exit_code: int) -> list[str]:
             said[e["cycle"]].add(e["rank"])
         elif e["kind"] == "start":
             cycles = max(cycles, e["cycle"])
-    lines = [f"resctl: the job failed (exit {exit_code}) after {cycles} launcher restart(s); run dir {run_dir}"]
+        elif e["kind"] == "restart" and e.get("layer") == "inprocess":
+            inprocess.add((e["cycle"], e["iteration"]))
+    restarts = f"{cycles} launcher restart(s)" + (f" and {len(inprocess)} in-process restart(s)" if inprocess else "")
+    lines = [f"resctl: the job failed (exit {exit_code}) after {restarts}; run dir {run_dir}"]
     if stats.damaged:
         lines.append(f"resctl: {stats.damaged} damaged line(s) of the events files skipped, e.g. {stats.examples[0]}")
     silent = sorted(seen[cycles] - said[cycles])

@@ -66,7 +66,9 @@ def assemble(given: Inputs, run: Calibration | None) -> Assembled:
     src: dict[str, str] = {}
     run_async = run.async_ if run else None
     mode: Mode = given.mode or ("sync" if run_async is False else "async")
-    src["mode"] = "--sync/--async" if given.mode else ("run (plan.json)" if run_async is not None else "default")
+    src["mode"] = "--sync/--async" if given.mode else "default" if run_async is None else (
+        "run: the script's own torch.save blocks (checkpoint.async applies to resctl.checkpoint)"
+        if run and run.async_source == "torch.save" else "run (plan.json: checkpoint.async)")
 
     def pick(name: str, flag: float | None, measured: float | None, flag_name: str, what: str) -> float:
         if flag is not None:

@@ -119,10 +119,15 @@ def test_completions_match_the_cli(name: str) -> None:
         "completions are stale: run `python -m resctl.cli.completions completions`"
 
 
-def test_bash_completion_completes_run_flags(tmp_path: Path) -> None:
-    script = f"source {REPO / 'completions' / 'resctl.bash'}; COMP_WORDS=(resctl run --nproc); COMP_CWORD=2; _resctl; echo ${{COMPREPLY[@]}}"
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
-    assert "--nproc-per-node" in out.stdout.split()
+@pytest.mark.slow
+def test_preflight_judges_the_workers_environment(tmp_path: Path) -> None:
+    """In-process restart on: the plan sets NCCL_NVLS_ENABLE=0 for the workers, so preflight passes
+    on this CPU box (it used to refuse every in-process job) and the job runs."""
+    (tmp_path / "ok.py").write_text("print('worker ran')\n")
+    out = resctl("run", "--preflight", "--set", "inprocess.enabled=true", "--set", "doctor.storage_test_mb=0",
+                 "--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"), "ok.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "preflight ok" in out.stderr and "worker ran" in out.stdout
 
 
 def test_preflight_failure_launches_nothing(tmp_path: Path) -> None:

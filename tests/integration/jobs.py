@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from resctl.telemetry.events import read_events
 
@@ -21,7 +21,7 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(read_events(run_dir), key=lambda e: e["t"])
 
 
-def start(args: list[str], cwd: Path, env: Optional[dict[str, str]] = None) -> subprocess.Popen[str]:
+def start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "resctl", "run", *args], cwd=cwd, env=full_env,
@@ -29,7 +29,7 @@ def start(args: list[str], cwd: Path, env: Optional[dict[str, str]] = None) -> s
     )
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: Optional[subprocess.Popen[str]] = None) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen[str] | None = None) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -47,11 +47,11 @@ def finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"job did not finish in {timeout}s:\n{out[-4000:]}")
+        raise AssertionError(f"job did not finish in {timeout}s:\n{out[-4000:]}") from None
     return proc.returncode, out
 
 
-def worker_pid(run_dir: Path, rank: int, cycle: int = 0) -> Optional[int]:
+def worker_pid(run_dir: Path, rank: int, cycle: int = 0) -> int | None:
     for e in events(run_dir):
         if e["kind"] == "start" and e["rank"] == rank and e["cycle"] == cycle:
             return int(e["pid"])

@@ -21,7 +21,6 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 NODES = ("n1", "n2")
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "sinfo")
@@ -61,7 +60,7 @@ PartitionName=debug Nodes={nodelist} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def missing() -> Optional[str]:
+def missing() -> str | None:
     """Why this host cannot run the cluster, or None when it can."""
     absent = [b for b in BINARIES if shutil.which(b) is None]
     if absent:
@@ -111,7 +110,7 @@ class SlurmCluster:
     # --- lifecycle ------------------------------------------------------------------------------
 
     @classmethod
-    def start(cls) -> "SlurmCluster":
+    def start(cls) -> SlurmCluster:
         root = Path(tempfile.mkdtemp(prefix="resctl-slurm-", dir="/tmp"))
         cluster = cls(root)
         try:

@@ -41,7 +41,7 @@ CHILD = textwrap.dedent(
         "info": {"step": 0},
     }
     step = ck.load(state)
-    intercept.install(snap.rsplit("/", 1)[0] + "/*.pt", ck)
+    intercept.install(snap.rsplit("/", 1)[0] + "/*.pt", ck.writes)
     print("up", step, flush=True)
     while True:
         step += 1

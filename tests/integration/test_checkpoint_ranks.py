@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from resctl.checkpoint import format as fmt
-from tests.integration.jobs import LOCAL_PROFILE, events, finish, start, fill_disk
+from tests.integration.jobs import LOCAL_PROFILE, events, fill_disk, finish, start
 
 pytestmark = pytest.mark.slow
 

@@ -58,8 +58,26 @@ def test_a_recovered_fault_is_one_console_line(tmp_path: Path) -> None:
     assert code == 0, lines
     faults = [line for line in lines if "boom on purpose" in line and line.startswith("resctl:")]
     assert len(faults) == 1 and faults[0].startswith("resctl: local rank 1 failed (RuntimeError: boom on purpose)"), lines
-    assert "restarting the workers, 3 of 3 restarts left" in faults[0]
+    assert "restarting the workers, 2 of 3 restarts left" in faults[0]  # the default launch.max_restarts, 3
     # The script's own traceback is on the console, as under torchrun; the launcher's stay in the run dir.
     assert sum(line.startswith("Traceback") for line in lines) == 1, lines
     assert not any(line.startswith("[") for line in lines), lines
     assert "Traceback" in (tmp_path / "run" / "launcher.log").read_text(), "the details are in the run directory"
+
+
+ALWAYS_FAILS = """import os
+if os.environ["RANK"] == "1":
+    raise RuntimeError("boom every time")
+"""
+
+
+def test_a_failing_job_counts_its_restarts_the_same_everywhere(tmp_path: Path) -> None:
+    """NVRx logs "1/1 attempts left" before using the one restart: after it none is left, and the
+    failure summary counts the restart that was made."""
+    (tmp_path / "fails.py").write_text(ALWAYS_FAILS)
+    code, lines = resctl(tmp_path, "fails.py", "--max-restarts", "1")
+    assert code != 0, lines
+    restarts = [line for line in lines if "restarting the workers" in line]
+    assert len(restarts) == 1 and "restarting the workers, 0 of 1 restarts left" in restarts[0], lines
+    assert any(line.startswith("resctl: the job failed") and "after 1 launcher restart(s);" in line
+               for line in lines), lines

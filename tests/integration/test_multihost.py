@@ -28,7 +28,15 @@ import pytest
 from resctl.checkpoint.memdir import SHM_ENV
 from resctl.telemetry.goodput import analyze
 from tests.integration.jobs import (
-    EXAMPLES, LOCAL_PROFILE, SNAPSHOT_SCRIPT, assert_same_weights, events, finish, last_step, start, wait_for,
+    EXAMPLES,
+    LOCAL_PROFILE,
+    SNAPSHOT_SCRIPT,
+    assert_same_weights,
+    events,
+    finish,
+    last_step,
+    start,
+    wait_for,
 )
 from tests.integration.test_recovery import assert_same_final
 

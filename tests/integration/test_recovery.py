@@ -114,7 +114,7 @@ def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
 ) -> None:
     faults = f"{FIVE_FAULTS},{SECOND_FAULT_AFTER_RESTART}"
     faults = faults.replace(":1", f":{nproc - 1}")  # the last rank, whatever the size
-    run(job(tmp_path, "drill", nproc, inprocess=inprocess), cwd=tmp_path, faults=faults)
+    out = run(job(tmp_path, "drill", nproc, inprocess=inprocess), cwd=tmp_path, faults=faults)
     run_dir = tmp_path / "drill"
     assert len(injected(run_dir)) == 5, injected(run_dir)
     ev = events(run_dir)
@@ -142,6 +142,16 @@ def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
     assert layers == (["inprocess", "launcher", "inprocess", "inprocess"] if inprocess else ["launcher"] * 4)
     for r in report.recoveries:
         assert r.injected and r.total is not None and r.total > 0
+        # The report's phases add up to the restart; a launcher restart knows when its workers were
+        # created (`start`'s spawned), so it splits the rendezvous from the workers' start.
+        assert (r.stop or 0.0) + (r.rendezvous or 0.0) + (r.start_workers or 0.0) == pytest.approx(r.restart)
+        assert (r.start_workers is not None) == (r.layer == "launcher")
+    # the console: one line per recovered fault, of either layer
+    said = [line for line in out.splitlines() if line.startswith("resctl: ")]
+    by_launcher = [line for line in said if "restarting the workers" in line]
+    in_place = [line for line in said if "re-run the script in place" in line]
+    assert len(by_launcher) == layers.count("launcher") and len(in_place) == layers.count("inprocess"), said
+    assert by_launcher[0].endswith("5 of 6 restarts left (details: launcher.log in the run directory)"), by_launcher
 
 
 def test_sigkill_falls_through_to_the_launcher_with_inprocess_on(tmp_path: Path, references: dict[int, Path]) -> None:

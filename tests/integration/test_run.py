@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from tests.integration.jobs import (
-    EXAMPLES, LOCAL_PROFILE, assert_same_weights, events, finish, last_step, snapshot_job, start, wait_for, worker_pid,
+    EXAMPLES,
+    LOCAL_PROFILE,
+    assert_same_weights,
+    events,
+    finish,
+    last_step,
+    snapshot_job,
+    start,
+    wait_for,
+    worker_pid,
 )
 
 pytestmark = pytest.mark.slow

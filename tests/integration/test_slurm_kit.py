@@ -111,7 +111,7 @@ def newest_checkpoint(work: Path) -> int:
         try:
             read_manifest(path / "manifest.json")
             return step
-        except Exception:
+        except Exception:  # noqa: BLE001 - any unreadable candidate is skipped
             continue
     return 0
 

@@ -71,7 +71,7 @@ def finish_all(procs: list[subprocess.Popen[str]], timeout: float) -> list[tuple
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-            raise AssertionError(f"rank {procs.index(proc)} did not exit within {timeout}s:\n{out[-3000:]}")
+            raise AssertionError(f"rank {procs.index(proc)} did not exit within {timeout}s:\n{out[-3000:]}") from None
         results.append((proc.returncode, out))
     return results
 

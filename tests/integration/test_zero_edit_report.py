@@ -49,7 +49,7 @@ def one_recovery(doc: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("intercept", [False, True], ids=["observed", "intercepted"])
 def test_snapshot_every_10_sigkill_at_25(tmp_path: Path, intercept: bool) -> None:
-    sets = (f"checkpoint.intercept_torch_save=*job-snapshot.pt", f"checkpoint.dir={tmp_path / 'ckpt'}") if intercept else ()
+    sets = ("checkpoint.intercept_torch_save=*job-snapshot.pt", f"checkpoint.dir={tmp_path / 'ckpt'}") if intercept else ()
     run(args(tmp_path, "job", direct=intercept, sets=sets), cwd=tmp_path, faults="sigkill@25:1")
     doc = report(tmp_path / "job")
     rec = one_recovery(doc)

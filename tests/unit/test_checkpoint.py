@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import resctl.checkpoint as api
-from resctl.checkpoint import engine
+from resctl.checkpoint import disk
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint.engine import CheckpointError, Checkpointer
+from resctl.checkpoint.engine import Checkpointer, CheckpointError
 from resctl.telemetry.events import EventLog, read_events
 
 
@@ -226,14 +226,14 @@ def test_writer_exception_surfaces_and_leaves_nothing_visible(tmp_path: Path, mo
     ck.save({"x": torch.ones(10)}, 1)
     ck.wait()
 
-    real = engine.write_data_file
+    real = disk.write_data_file
 
     def failing(path: Path, data: memoryview, tick: Any) -> tuple[int, int]:
         with open(path, "wb") as fh:
             fh.write(bytes(data[: len(data) // 2]))
         raise OSError(28, "No space left on device (injected)")
 
-    monkeypatch.setattr(engine, "write_data_file", failing)
+    monkeypatch.setattr(disk, "write_data_file", failing)
     ck.save({"x": torch.ones(10) * 2}, 2)  # async: returns after staging
     with pytest.raises(CheckpointError, match="step 2 failed"):
         ck.wait()
@@ -244,7 +244,7 @@ def test_writer_exception_surfaces_and_leaves_nothing_visible(tmp_path: Path, mo
     ck.async_ = False
     with pytest.raises(CheckpointError):
         ck.save({"x": torch.ones(10) * 3}, 3)
-    monkeypatch.setattr(engine, "write_data_file", real)
+    monkeypatch.setattr(disk, "write_data_file", real)
     ck.async_ = True
     ck.save({"x": torch.ones(10) * 4}, 4)
     ck.wait()
@@ -258,7 +258,7 @@ def test_error_surfaces_on_next_save(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def failing(path: Path, data: memoryview, tick: Any) -> tuple[int, int]:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(engine, "write_data_file", failing)
+    monkeypatch.setattr(disk, "write_data_file", failing)
     ck.save({"x": torch.ones(2)}, 1)
     with pytest.raises(CheckpointError, match="boom"):
         ck.save({"x": torch.ones(2)}, 2)
@@ -422,6 +422,6 @@ def test_profile_key_turns_recycling_off(tmp_path: Path) -> None:
 
     on = Checkpointer.from_section(Section(dir=str(tmp_path / "a")), rank=0, world_size=1)
     off = Checkpointer.from_section(Section(dir=str(tmp_path / "b"), recycle=False), rank=0, world_size=1)
-    assert (on.recycle, off.recycle) == (True, False)
+    assert (on.settings.recycle, off.settings.recycle) == (True, False)
     on.close()
     off.close()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from resctl.checkpoint import intercept
-from resctl.checkpoint.engine import CheckpointError, Checkpointer
+from resctl.checkpoint.engine import Checkpointer, CheckpointError
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def ckpt(tmp_path: Path) -> Iterator[Checkpointer]:
 
 
 def test_roundtrip_matching_path(tmp_path: Path, ckpt: Checkpointer) -> None:
-    intercept.install(str(tmp_path / "ck" / "*.pt"), ckpt)
+    intercept.install(str(tmp_path / "ck" / "*.pt"), ckpt.writes)
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 3)
     optim = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -51,7 +51,7 @@ def test_roundtrip_matching_path(tmp_path: Path, ckpt: Checkpointer) -> None:
 
 def test_relative_glob_and_non_container_fallback(tmp_path: Path, ckpt: Checkpointer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    intercept.install("out/*.bin", ckpt)
+    intercept.install("out/*.bin", ckpt.writes)
     model = torch.nn.Linear(2, 2)
     torch.save(model, "out/model.bin")  # a whole module: snapshot by serialising now
     ckpt.wait()
@@ -60,7 +60,7 @@ def test_relative_glob_and_non_container_fallback(tmp_path: Path, ckpt: Checkpoi
 
 
 def test_other_paths_untouched(tmp_path: Path, ckpt: Checkpointer) -> None:
-    intercept.install(str(tmp_path / "ck" / "*.pt"), ckpt)
+    intercept.install(str(tmp_path / "ck" / "*.pt"), ckpt.writes)
     other = tmp_path / "other.pt"
     torch.save({"a": torch.ones(2)}, other)
     assert other.exists() and not intercept.sidecar(other).exists()
@@ -71,7 +71,7 @@ def test_other_paths_untouched(tmp_path: Path, ckpt: Checkpointer) -> None:
 
 
 def test_corrupt_file_detected_on_load(tmp_path: Path, ckpt: Checkpointer) -> None:
-    intercept.install(str(tmp_path / "*.pt"), ckpt)
+    intercept.install(str(tmp_path / "*.pt"), ckpt.writes)
     target = tmp_path / "c.pt"
     torch.save({"a": torch.arange(1000)}, target)
     ckpt.wait()
@@ -85,8 +85,8 @@ def test_corrupt_file_detected_on_load(tmp_path: Path, ckpt: Checkpointer) -> No
 def test_writer_failure_surfaces_and_file_not_visible(
     tmp_path: Path, ckpt: Checkpointer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ckpt.max_failed_saves = 1
-    intercept.install(str(tmp_path / "*.pt"), ckpt)
+    ckpt.writes.max_failed_saves = 1
+    intercept.install(str(tmp_path / "*.pt"), ckpt.writes)
     target = tmp_path / "c.pt"
 
     def failing(path: Any, body: Any) -> None:

@@ -20,8 +20,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis.strategies import binary as st_bytes
 
+from resctl.checkpoint import crc, memdir
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint import crc, memdir, memory
 from resctl.checkpoint.engine import Checkpointer
 from resctl.telemetry.events import EventLog, read_events
 from tests.unit.test_checkpoint import _assert_same, _fresh, _training
@@ -123,13 +123,13 @@ def test_a_damaged_snapshot_is_skipped_for_the_other_slot_and_the_newer_timeline
 def test_memory_older_than_disk_loses_to_disk_and_disk_is_written_from_the_snapshot(tmp_path: Path, shm: Path) -> None:
     c = _ckpt(tmp_path, interval_steps=4, memory_every=4)
     staged: list[int] = []
-    stage = c._stage
+    stage = c.staging.stage
 
     def counting(tensors: list[torch.Tensor], total: int, into: torch.Tensor | None = None, specs=None) -> torch.Tensor:
         staged.append(total)
         return stage(tensors, total, into, specs)
 
-    c._stage = counting  # type: ignore[method-assign]
+    c.staging.stage = counting  # type: ignore[method-assign]
     saved = _train_and_snapshot(c, range(1, 9))
     assert len(staged) == 2  # steps 4 and 8: one copy out of the state each, for both tiers
     c.close()

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from resctl.checkpoint import crc, memdir, memory, replica
-from resctl.checkpoint import state as st
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import replica_wire as wire
+from resctl.checkpoint import state as st
 from resctl.checkpoint.engine import Checkpointer
 from resctl.telemetry.events import EventLog, read_events
 from tests.unit.test_checkpoint import _assert_same, _fresh, _training
@@ -67,7 +67,7 @@ def _snapshots(root: Path, steps: range, rank: int = 0, events: EventLog | None 
         tensors: list[torch.Tensor] = []
         structure = st.flatten(entries, tensors, {})
         meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
-        tier.save(tensors, meta, step, c._stage)
+        tier.save(tensors, meta, step, c.staging.stage)
         tier.wait()
     c.close()
     return tier, state
@@ -327,7 +327,7 @@ def _run_ranks(script: Path, tmp: Path, phase: str, servers: list[replica.Replic
     for rank in range(2):  # one rank per node: node = rank
         env = {k: v for k, v in os.environ.items() if not k.startswith("RESCTL_")}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0",
-                   GROUP_RANK=str(rank), TORCHELASTIC_RUN_ID=KEY, OMP_NUM_THREADS="1",
+                   GROUP_RANK=str(rank), GROUP_WORLD_SIZE="2", TORCHELASTIC_RUN_ID=KEY, OMP_NUM_THREADS="1",
                    RESCTL_SHM_DIR=str(roots[rank]), RESCTL_REPLICA_ADDR=_addr(servers[rank]),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])))
         procs.append(subprocess.Popen([sys.executable, str(script), str(tmp), phase], env=env,

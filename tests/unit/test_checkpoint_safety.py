@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from resctl.checkpoint import engine
+from resctl.checkpoint import disk
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint.engine import Checkpointer
 from resctl.checkpoint.errors import CheckpointDirInUse, CheckpointMismatch, SaveFailuresExceeded
@@ -214,7 +214,7 @@ def test_resumed_checkpoint_stays_until_a_newer_one_is_durable(tmp_path: Path, m
     def failing(path: Path, data: memoryview, tick: Any) -> tuple[int, int]:
         raise OSError(28, "No space left on device (injected)")
 
-    monkeypatch.setattr(engine, "write_data_file", failing)
+    monkeypatch.setattr(disk, "write_data_file", failing)
     ck.save(_state(11), 11)  # fails, reported, not raised
     assert _steps(root) == [10]
     monkeypatch.undo()
@@ -228,20 +228,20 @@ def test_failed_saves_are_reported_retried_and_bounded(tmp_path: Path, monkeypat
     ck = _ck(root, run, async_=async_, keep_last=5)  # default max_failed_saves = 3
     ck.save(_state(1), 1)
     ck.wait()
-    real = engine.write_data_file
+    real = disk.write_data_file
 
     def failing(path: Path, data: memoryview, tick: Any) -> tuple[int, int]:
         raise OSError(28, "No space left on device (injected)")
 
-    monkeypatch.setattr(engine, "write_data_file", failing)
+    monkeypatch.setattr(disk, "write_data_file", failing)
     ck.save(_state(2), 2)
     ck.save(_state(3), 3)  # async: step 2's failure is reported here, training goes on
     ck.wait()  # step 3's failure: reported, not raised
-    monkeypatch.setattr(engine, "write_data_file", real)
+    monkeypatch.setattr(disk, "write_data_file", real)
     ck.save(_state(4), 4)
     ck.wait()  # a success resets the count
     assert ck.failed_in_a_row == 0 and _steps(root) == [1, 4]
-    monkeypatch.setattr(engine, "write_data_file", failing)
+    monkeypatch.setattr(disk, "write_data_file", failing)
     with pytest.raises(SaveFailuresExceeded, match=r"step 7 failed while writing .*No space left.* 3 failed writes in a row"):
         for step in (5, 6, 7, 8):
             ck.save(_state(step), step)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import socket

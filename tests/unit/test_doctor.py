@@ -8,7 +8,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import pytest
 
@@ -17,7 +17,7 @@ from resctl.doctor.context import Context
 from resctl.doctor.expectations import resolve as expectations
 from resctl.doctor.nvml import DriverInfo, Gpu, NvLink, NvmlUnavailable, SnapshotNvml
 from resctl.doctor.result import Report, Status
-from resctl.doctor.storage import find_mount, measure
+from resctl.doctor.storage import Cancelled, find_mount, measure
 from resctl.errors import UsageError
 from resctl.profile.load import resolve
 
@@ -51,7 +51,7 @@ def node(name: str, tmp_path: Path) -> Path:
     return root
 
 
-def context(root: Path, tmp_path: Path, *sets: str, env: Optional[dict[str, str]] = None,
+def context(root: Path, tmp_path: Path, *sets: str, env: dict[str, str] | None = None,
             nvml: Any = None) -> Context:
     profile = resolve(None, env={}, sets=[*BASE_SETS, *sets], cwd=tmp_path).profile
     explicit = frozenset(s.split("=", 1)[0] for s in (*BASE_SETS, *sets))
@@ -100,7 +100,7 @@ def test_healthy_p5_passes_everything(tmp_path: Path) -> None:
     ("p5-disk-full", {"storage.space": "FAIL", "storage.write": "SKIP", "storage.read": None}),
     ("p5-tiny-shm", {"shm.size": "FAIL", "shm.free": None}),
 ])
-def test_broken_nodes(tmp_path: Path, name: str, changed: dict[str, Optional[str]]) -> None:
+def test_broken_nodes(tmp_path: Path, name: str, changed: dict[str, str | None]) -> None:
     report = doctor(node(name, tmp_path), tmp_path)
     want = {**HEALTHY, **changed}
     assert verdicts(report) == {k: v for k, v in want.items() if v is not None}
@@ -241,9 +241,15 @@ def test_efa_env_and_memlock(tmp_path: Path) -> None:
 def test_nccl_env_with_inprocess_restart(tmp_path: Path) -> None:
     root = node("p5-healthy", tmp_path)
     on = "inprocess.enabled=true"
-    assert check(doctor(root, tmp_path, on, only=["env"]), "env.nvls").status == Status.FAIL
+    # unset: the plan sets NCCL_NVLS_ENABLE=0 for the workers, and doctor judges their environment
+    planned = check(doctor(root, tmp_path, on, only=["env"]), "env.nvls")
+    assert planned.status == Status.PASS and "set by resctl" in planned.message
+    forced = check(doctor(root, tmp_path, on, only=["env"], env={**EFA_ENV, "NCCL_NVLS_ENABLE": "1"}), "env.nvls")
+    assert forced.status == Status.FAIL and "NCCL_NVLS_ENABLE=1" in forced.message  # the plan keeps a user's value
+    in_profile = doctor(root, tmp_path, on, 'launch.env={NCCL_NVLS_ENABLE="1"}', only=["env"])
+    assert check(in_profile, "env.nvls").status == Status.FAIL  # the profile's launch.env counts
     ok = doctor(root, tmp_path, on, 'launch.env={NCCL_NVLS_ENABLE="0"}', only=["env"])
-    assert check(ok, "env.nvls").status == Status.PASS  # the profile's launch.env counts
+    assert check(ok, "env.nvls").status == Status.PASS
     bad = doctor(root, tmp_path, only=["env"], env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "NCCL_P2P_DISABLE": "1",
                                                    "CUDA_VISIBLE_DEVICES": "0,1"})
     assert {k: v for k, v in verdicts(bad).items()} == {"env.nvls": "PASS", "env.async-errors": "WARN",
@@ -331,7 +337,7 @@ def test_measure_writes_reads_and_cleans_up(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     cancel = threading.Event()
     cancel.set()
-    with pytest.raises(Exception):
+    with pytest.raises(Cancelled):
         measure(tmp_path, 3_000_000, 3, cancel=cancel)
     assert list(tmp_path.iterdir()) == []
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from resctl.doctor import dns, grace as grace_probe, make_context
+from resctl.doctor import dns, make_context
+from resctl.doctor import grace as grace_probe
 from resctl.doctor.result import Status
 from resctl.profile import grace
 from resctl.profile.load import resolve

@@ -66,7 +66,7 @@ def test_launcher_log_records_lose_rdzv_secrets_and_stop_tracebacks() -> None:
         try:
             raise SignalException("Process 1 got signal: 15", sigval=15)
         except SignalException:
-            raise RuntimeError("worker exited 143")
+            raise RuntimeError("worker exited 143")  # noqa: B904 - the implicit chain is what is tested
     except RuntimeError:
         stopped = logging.LogRecord("ft", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
     assert scrub(stopped).exc_info is None and "traceback omitted" in stopped.getMessage()

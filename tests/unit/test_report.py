@@ -4,6 +4,7 @@ and the report / tune-interval commands on them (real subprocesses, as a user ru
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -87,7 +88,7 @@ def test_report_json_and_html(tmp_path: Path) -> None:
     assert page.startswith("<!DOCTYPE html>")
     assert "Plotly.newPlot" in page  # the figures, drawn by plotly.js
     assert "plotly.js v" in page  # inlined: viewable without a server or network
-    for trace in ("step (kept)", "step (rolled back)", "checkpoint durable", "fault", "training goodput"):
+    for trace in ("step (kept)", "step (rolled back)", "checkpoint durable", "fault (* drill)", "training goodput"):
         assert f'"name":"{trace}"' in page, trace
     assert "recovery time per fault" in page
 
@@ -148,7 +149,7 @@ def test_tune_interval_bad_input(tmp_path: Path, args: list[str], message: str) 
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-def random_run(rng: "random.Random") -> tuple[list[dict[str, object]], int, float]:
+def random_run(rng: random.Random) -> tuple[list[dict[str, object]], int, float]:
     """Epochs of one rank with random lengths, resume points and step times; returns the events,
     the kept steps and their compute by brute force (every step compared with every later resume)."""
     events: list[dict[str, object]] = []
@@ -247,3 +248,46 @@ def test_a_replaced_node_counting_its_cycles_from_zero_joins_the_survivors_next_
                for r, c in ((0, 1), (1, 0))]
     (rec,) = analyze(events).recoveries
     assert (rec.last_step, rec.resumed_step, rec.rollback_steps, rec.tier) == (16, 15, 1, "buddy+memory")
+
+
+def test_a_launcher_recovery_splits_into_detect_stop_rendezvous_start_restore_first_step(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLed at 10.0 (its last record); the survivor's restart-stop at 10.5 and its last
+    record at 10.8; the new workers created at 11.5 / 11.6 (`spawned`) and started at 12.0 / 12.2;
+    resumed at 13.0; first steps at 13.5. The report shows each phase, text and --json."""
+
+    def ev(t: float, kind: str, rank: int, cycle: int, **kw: object) -> dict[str, object]:
+        return {"t": t, "kind": kind, "rank": rank, "cycle": cycle, "iteration": 0, **kw}
+
+    events = [ev(0.0, "start", r, 0) for r in (0, 1)] + [ev(0.5, "resume", r, 0, step=0) for r in (0, 1)]
+    events += [ev(0.5 + s, "step", r, 0, step=s, duration=1.0) for s in range(1, 10) for r in (0, 1)]
+    events += [ev(10.0, "step", 1, 0, step=10, duration=0.5), ev(10.5, "end", 0, 0, status="restart-stop", step=9),
+               ev(10.8, "ckpt_persist", 0, 0, step=5, seconds=0.1),
+               ev(12.0, "start", 0, 1, spawned=11.5), ev(12.2, "start", 1, 1, spawned=11.6),
+               ev(13.0, "resume", 0, 1, step=5), ev(13.0, "resume", 1, 1, step=5),
+               ev(13.5, "step", 0, 1, step=6, duration=0.5), ev(13.5, "step", 1, 1, step=6, duration=0.5)]
+    (rec,) = analyze(events).recoveries
+    got = (rec.cause, rec.detection, rec.stop, rec.rendezvous, rec.start_workers, rec.load, rec.first_step)
+    assert got == ("killed", 0.5, pytest.approx(0.3), pytest.approx(0.7), pytest.approx(0.7), pytest.approx(0.8), 0.5)
+    assert rec.stop + rec.rendezvous + rec.start_workers == pytest.approx(rec.restart)  # type: ignore[operator]
+    run = tmp_path / "run"
+    run.mkdir()
+    for r in (0, 1):
+        lines = [json.dumps(e) for e in events if e["rank"] == r]
+        (run / f"events-rank{r}.jsonl").write_text("\n".join(lines) + "\n")
+    doc = json.loads(resctl("report", str(run), "--json", cwd=tmp_path).stdout)
+    stats = doc["recovery_stats"]
+    assert [round(stats[k]["p50"], 2) for k in ("detection", "stop", "rendezvous", "start_workers", "load",
+                                                "first_step")] == [0.5, 0.3, 0.7, 0.7, 0.8, 0.5]
+    text = resctl("report", str(run), cwd=tmp_path).stdout
+    assert "rendezvous" in text and "start workers" in text and "restore" in text
+
+
+def test_without_spawned_the_rendezvous_runs_to_the_last_start() -> None:
+    def ev(t: float, kind: str, cycle: int, **kw: object) -> dict[str, object]:
+        return {"t": t, "kind": kind, "rank": 0, "cycle": cycle, "iteration": 0, **kw}
+
+    events = [ev(0.0, "start", 0), ev(1.0, "step", 0, step=1, duration=1.0),
+              ev(1.5, "fault", 0, cause="sigkill", injected=True, step=1),
+              ev(3.0, "start", 1), ev(3.5, "resume", 1, step=0), ev(4.0, "step", 1, step=1, duration=0.5)]
+    (rec,) = analyze(events).recoveries
+    assert (rec.stop, rec.rendezvous, rec.start_workers) == (0.0, 1.5, None)

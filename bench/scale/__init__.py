@@ -1,0 +1,1 @@
+"""Recovery coordination measured at N simulated nodes: see `python -m bench.scale --help`."""

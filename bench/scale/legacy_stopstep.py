@@ -1,0 +1,191 @@
+"""A copy of resctl/shim/stopstep.py before issue 25 (commit f344b04), kept so that bench/scale can
+measure the before curve: every proposer set every rank's wake key and every rank read every
+proposal key (O(N) keys per rank, O(N^2) at the store). Not used by resctl.
+
+The stop step: when a job is stopped, every rank saves its final checkpoint at the same step.
+
+SIGTERM does not reach the ranks of a job at one instant: Slurm signals each node's step, Kubernetes
+each pod, a launcher its own workers. A rank that saved at "its next step boundary" and left could
+leave a peer that was already past that boundary inside the next step's collective, which then
+failed, so the peer never made its final save. Here the ranks agree on the step instead, through
+the store of the script's process group (a second and third connection to it, made once the group
+exists: the agent's TCPStore under ft_launcher, rank 0's without it, the shim's app store in
+process):
+
+1. The first rank to learn of the stop (its own SIGTERM, or the store's wake key) asks the
+   checkpointer for a final save *first* and only then reads its latest step boundary `b`; it
+   proposes `b + 1`, the boundary its training thread will reach next, adds one to the count and
+   sets the wake key. Because the request comes before the read, the training thread sees the
+   request at the proposed boundary or at the one before it, never later.
+2. Every other rank is woken by a thread blocked on the wake key (no cost to a training step: the
+   boundary tests one flag it tested before) and proposes the same way.
+3. At its first boundary with the request set, the training thread waits until all ranks have
+   proposed (a proposal needs no training thread, so none waits for a peer stuck in a collective),
+   then takes S = the largest proposal. Each rank then saves at its first boundary >= S: the same
+   step everywhere, and no rank is past it. Ranks before S train on to it; interval saves on the
+   way happen as usual, identically on every rank.
+
+When the agreement cannot be had within half of what is left of `checkpoint.sigterm_grace` (a peer
+died, the store is gone), the rank saves at the boundary it is at, as a rank alone would.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from typing import Any, Callable
+
+PREFIX = "resctl/stop/"
+COUNT = PREFIX + "count"
+ALL = PREFIX + "all"
+#: How long the wake thread's blocking wait lasts before it is renewed (c10d logs a timed-out wait).
+WATCH_RENEW = datetime.timedelta(days=1)
+#: Timeout of the other store calls (a store whose host hangs must not hold a stopping rank long).
+CALL_TIMEOUT = datetime.timedelta(seconds=10)
+#: The agreement's first blocking wait, then its poll interval (seconds).
+FIRST_WAIT = 1.0
+POLL = 0.05
+#: The proposal of a rank that has no step boundary (its script never calls maybe_save): any step.
+ANY_STEP = 0
+
+
+class StopStepUnavailable(Exception):
+    """The ranks could not agree on a stop step in time (a peer gone, the store unreachable)."""
+
+
+def proposal_key(rank: int) -> str:
+    return f"{PREFIX}proposal/{rank}"
+
+
+def wake_key(rank: int) -> str:
+    """One wake key per rank, so that a rank can end its own wait (`close`) without waking the others."""
+    return f"{PREFIX}wake/{rank}"
+
+
+class StopStep:
+    """One process group's stop-step agreement, over `store` (any `torch.distributed.Store` that can
+    `clone()`: a new connection, so a blocked wait never holds up the script's own store calls)."""
+
+    def __init__(self, store: Any, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._ops = store.clone()
+        self._ops.set_timeout(CALL_TIMEOUT)
+        self._watch_store = store.clone()
+        self._claim = threading.Lock()
+        self._claimed = False
+        #: Set once this rank's proposal is in the store (or failed to get there).
+        self.proposed = threading.Event()
+        self.proposal: int | None = None
+        self.closed = False
+        self._watcher: threading.Thread | None = None
+
+    def claim(self) -> bool:
+        """True for the first caller only: it makes this rank's proposal."""
+        with self._claim:
+            first, self._claimed = not self._claimed, True
+            return first
+
+    def propose(self, step: int) -> None:
+        """Publish this rank's proposal (any thread; a few store round trips)."""
+        self.proposal = step
+        try:
+            self._ops.set(proposal_key(self.rank), str(step))
+            if self._ops.add(COUNT, 1) >= self.world_size:
+                self._ops.set(ALL, "1")
+            self._ops.multi_set([wake_key(r) for r in range(self.world_size)], ["stop"] * self.world_size)
+        except Exception:  # noqa: BLE001 - the store is gone: agree() says so
+            pass
+        finally:
+            self.proposed.set()
+
+    def agree(self, timeout: float, tick: Callable[[], None] | None = None) -> int:
+        """The stop step: the largest proposal, once every rank has proposed. Raises
+        `StopStepUnavailable` when that does not happen within `timeout` seconds. `tick` is called
+        about every `POLL` seconds while it waits (heartbeats: the wait may be long when a peer is gone)."""
+        deadline = time.monotonic() + timeout
+        if not self.proposed.wait(max(0.0, timeout)):
+            raise StopStepUnavailable("this rank's proposal did not reach the store in time")
+        try:
+            self._wait_all(deadline, tick)
+            values = self._ops.multi_get([proposal_key(r) for r in range(self.world_size)])
+        except Exception as err:  # noqa: BLE001 - timeout or store error, told apart for the message
+            count = self._count()
+            got = "the store is unreachable" if count is None else f"{count} of {self.world_size} ranks proposed"
+            raise StopStepUnavailable(f"no agreement within {timeout:.1f} s ({got}; {type(err).__name__})") from None
+        return max(int(v) for v in values)
+
+    def _wait_all(self, deadline: float, tick: Callable[[], None] | None) -> None:
+        # One blocking wait first (the usual case: every rank proposes within milliseconds), then
+        # polls: each timed-out wait would be logged by c10d, a `check` is not.
+        first = min(deadline - time.monotonic(), FIRST_WAIT)
+        if first <= 0:
+            raise TimeoutError
+        try:
+            self._ops.wait([ALL], datetime.timedelta(seconds=first))
+            return
+        except Exception:  # noqa: BLE001 - timed out (or the store is gone: the polls say which)
+            pass
+        while not self._ops.check([ALL]):
+            if tick is not None:
+                tick()
+            if time.monotonic() >= deadline:
+                raise TimeoutError
+            time.sleep(POLL)
+
+    def _count(self) -> int | None:
+        try:
+            return int(self._ops.add(COUNT, 0))
+        except Exception:  # noqa: BLE001
+            return None
+
+    def watch(self, on_wake: Callable[[], None]) -> None:
+        """Start the thread that calls `on_wake` once some rank has proposed a stop."""
+        self._watcher = threading.Thread(target=self._watch, args=(on_wake,), name="resctl-stop-step", daemon=True)
+        self._watcher.start()
+
+    def _watch(self, on_wake: Callable[[], None]) -> None:
+        key = wake_key(self.rank)
+        while not self.closed:
+            try:
+                self._watch_store.wait([key], WATCH_RENEW)
+            except Exception:  # noqa: BLE001 - renewed after a timeout; a gone store ends the thread
+                try:
+                    if not self._watch_store.check([key]):
+                        continue
+                except Exception:  # noqa: BLE001
+                    return
+            if not self.closed:
+                on_wake()
+            return
+
+    def close(self, join_timeout: float = 5.0) -> None:
+        """This group is over (the script ended, or an in-process restart makes a new one): end the
+        wait, and the thread, before the interpreter exits. A thread still inside the store's wait
+        then would abort the process ("terminate called without an active exception": the wait
+        returns when rank 0's store goes, and a daemon thread that takes the GIL back during
+        finalization is unwound through C++); and c10d logs a wait cut by a closed connection."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._ops.set(wake_key(self.rank), "closed")
+        except Exception:  # noqa: BLE001 - the store is gone already
+            return
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(join_timeout)
+
+
+def open_for_default_group() -> StopStep | None:
+    """A `StopStep` over the default process group's store, or None when there is none to use."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        return StopStep(store, dist.get_rank(), dist.get_world_size())
+    except Exception:  # noqa: BLE001 - a store that cannot clone (FileStore, HashStore): ranks stop alone
+        return None

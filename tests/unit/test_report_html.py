@@ -1,0 +1,175 @@
+"""`resctl report --html`: the page says what the text report says, rendered in a real browser
+(headless Chromium) and read back from its DOM; the plots are checked on the figures themselves."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from resctl.cli.report_cmd import load_analysis
+from resctl.telemetry.report_html import figures
+
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+ZERO_EDIT = RUNS / "zero_edit_inprocess"  # a real run: in-process + launcher restart, torch.load resumes
+MEMORY = RUNS / "memory_tier"  # a real run: memory snapshots, a SIGKILL resumed from memory
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+class Tables(HTMLParser):
+    """{table id: rows of cell texts} of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.current: str | None = None
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.current = dict(attrs).get("id") or ""
+            self.tables[self.current] = []
+        elif tag == "tr" and self.current is not None:
+            self.tables[self.current].append([])
+        elif tag in ("td", "th") and self.current is not None:
+            self.cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self.cell is not None and self.current is not None:
+            self.tables[self.current][-1].append("".join(self.cell).strip())
+            self.cell = None
+        elif tag == "table":
+            self.current = None
+
+    def handle_data(self, data: str) -> None:
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def tables(page: str) -> dict[str, list[list[str]]]:
+    parser = Tables()
+    parser.feed(page)
+    return parser.tables
+
+
+def write_report(run: Path, tmp_path: Path) -> tuple[Path, dict]:  # type: ignore[type-arg]
+    out = tmp_path / f"{run.name}.html"
+    proc = subprocess.run([sys.executable, "-m", "resctl", "report", str(run), "--html", str(out), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(proc.stdout)
+
+
+def chromium(page: Path, tmp_path: Path, *extra: str) -> str:
+    profile = tmp_path / "chromium-profile"  # fresh: no state from another run or test
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", "--window-size=1400,3000", "--virtual-time-budget=10000", *extra,
+           page.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def rows(table: list[list[str]]) -> dict[str, str]:
+    return {r[0]: r[1] for r in table if len(r) == 2}
+
+
+def test_the_page_answers_what_an_operator_asks(tmp_path: Path) -> None:
+    """Read from the raw page (no browser needed): the same numbers as `resctl report --json`."""
+    page, doc = write_report(ZERO_EDIT, tmp_path)
+    t = tables(page.read_text())
+    summary = rows(t["summary"])
+    assert summary["steps completed"] == f"{doc['kept_steps']} kept of {doc['steps_run']} run; final step 60"
+    assert summary["steps lost"].startswith(f"{doc['steps_run'] - doc['kept_steps']} rolled back")
+    assert summary["ranks"] == "2: 0, 1"
+    f = doc["freshness"]
+    assert f"{f['max_age_s']:.1f} s" in summary["checkpoint freshness"]  # in seconds too
+    assert "infrastructure goodput" in summary and "training goodput" in summary
+    recoveries = t["recoveries"][1:]
+    assert [(r[2], r[3], r[4], r[10], r[11]) for r in recoveries] == [
+        (rec["layer"], rec["cause"] + "*", str(rec["rank"]),
+         f"{rec['last_step']}->{rec['resumed_step']} ({rec['rollback_steps']} step{'' if rec['rollback_steps'] == 1 else 's'})",
+         "source=torch.load")
+        for rec in doc["recoveries"]]  # cause and layer of each restart, drills marked, rollback, where from
+    assert sorted(tuple(r) for r in t["causes"][1:]) == sorted((c, str(n)) for c, n in doc["causes"].items())
+    restarts = [r for r in t["timeline"][1:] if r[4] == "restart"]
+    assert {r[5].split("layer=")[1] for r in restarts} == {"inprocess", "launcher"}
+
+
+def test_memory_snapshots_and_the_tier_are_on_the_page(tmp_path: Path) -> None:
+    page, doc = write_report(MEMORY, tmp_path)
+    t = tables(page.read_text())
+    assert rows(t["summary"])["memory snapshots"].startswith(f"{doc['calibration']['mem_snapshots']} (reference rank)")
+    assert [r[11] for r in t["recoveries"][1:]] == ["memory"]
+
+
+def test_restarts_are_drawn_as_their_layer_at_the_step_they_interrupted() -> None:
+    a = load_analysis(ZERO_EDIT)
+    (timeline, bars) = figures(a)
+    traces = {tr.name: tr for tr in timeline.data}
+    launcher, inprocess = traces["launcher restart"], traces["in-process restart"]
+    assert len(launcher.y) == 2 and set(launcher.y) == {35}  # not at step 0
+    assert len(inprocess.y) == 2 and set(inprocess.y) == {15}
+    assert "infrastructure goodput" in traces and "checkpoint age (s)" in traces
+    assert [tr.name for tr in bars.data] == ["detection", "restart", "load", "first step"]
+    assert bars.layout.height >= 300
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium); "
+                                              ".ci/run installs it")
+def test_rendered_in_chromium(tmp_path: Path) -> None:
+    page, doc = write_report(ZERO_EDIT, tmp_path)
+    dom = chromium(page, tmp_path, "--dump-dom")
+    t = tables(dom)
+    assert {"summary", "recoveries", "recovery-stats", "causes", "timeline"} <= set(t)
+    assert [r[11] for r in t["recoveries"][1:]] == ["source=torch.load", "source=torch.load"]
+    # plotly drew both figures: the legends list every trace, all four phases of the bar chart included
+    legend = Legends()
+    legend.feed(dom)
+    assert len(legend.plots) == 2, legend.plots
+    timeline, bars = legend.plots
+    assert {"launcher restart", "in-process restart", "fault (* drill)", "training goodput",
+            "infrastructure goodput", "checkpoint age (steps)", "checkpoint age (s)"} <= set(timeline["legend"])
+    assert bars["legend"] == ["detection", "restart", "load", "first step"], bars
+    assert bars["height"] >= 300 and not bars["scrolls"] and not timeline["scrolls"], legend.plots
+    shot = tmp_path / "report.png"
+    chromium(page, tmp_path, f"--screenshot={shot}")
+    assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
+
+
+class Legends(HTMLParser):
+    """Per plotly figure of a rendered DOM: its svg height, its legend's texts, and whether plotly
+    had to give the legend a scrollbar (it did not fit: some entries hidden)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plots: list[dict] = []  # type: ignore[type-arg]
+        self.in_legend = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        classes = (a.get("class") or "").split()
+        if tag == "div" and "js-plotly-plot" in classes:
+            self.plots.append({"height": None, "legend": [], "scrolls": False})
+        elif not self.plots:
+            return
+        elif tag == "svg" and "main-svg" in classes and self.plots[-1]["height"] is None:
+            self.plots[-1]["height"] = float(a.get("height") or 0)
+        elif tag == "text" and "legendtext" in classes:
+            self.in_legend = True
+        elif tag == "rect" and "scrollbar" in classes and float(a.get("height") or 0) > 0:
+            self.plots[-1]["scrolls"] = True
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "text":
+            self.in_legend = False
+
+    def handle_data(self, data: str) -> None:
+        if self.in_legend and self.plots:
+            self.plots[-1]["legend"].append(data)
