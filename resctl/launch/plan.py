@@ -263,6 +263,8 @@ def plan(
     # torchrun's worker environment, where NVRx's differs (adapters._torchrun_master for the master port).
     if launch.master_addr:
         env["RESCTL_MASTER_ADDR"] = launch.master_addr
+    elif rendezvous.standalone:
+        env["RESCTL_MASTER_ADDR"] = "127.0.0.1"  # torchrun's default; ft_launcher would give this host's FQDN
     if launch.master_port is not None:
         env["RESCTL_MASTER_PORT"] = str(launch.master_port)
     if "TORCHELASTIC_SIGNALS_TO_HANDLE" not in user_env:
