@@ -23,7 +23,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Callable, Optional
+from typing import Callable
 
 _SHIM_DIR = os.path.dirname(os.path.abspath(__file__))
 # Frames a traceback of `python script.py` does not have: the shim's, runpy's, and NVRx's
@@ -42,7 +42,7 @@ class Ending:
     (an uncaught KeyboardInterrupt) instead of exiting."""
 
     code: int
-    error: Optional[BaseException] = None
+    error: BaseException | None = None
     by_sigint: bool = False
 
     @property
@@ -63,7 +63,7 @@ def exit_status(code: object) -> int:
     return 1
 
 
-def script_traceback(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+def script_traceback(tb: TracebackType | None) -> TracebackType | None:
     """`tb` without the leading frames of the shim and runpy (the traceback starts at the script,
     as under `python script.py`); all of it when the error is in the shim itself."""
     first = tb
@@ -72,7 +72,7 @@ def script_traceback(tb: Optional[TracebackType]) -> Optional[TracebackType]:
     return first if first is not None else tb
 
 
-def _shown_traceback(err: BaseException) -> Optional[TracebackType]:
+def _shown_traceback(err: BaseException) -> TracebackType | None:
     tb = script_traceback(err.__traceback__)
     if isinstance(err, SyntaxError) and tb is err.__traceback__:
         return None  # the script did not compile: Python shows the line and the caret, no frames

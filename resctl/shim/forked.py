@@ -170,8 +170,8 @@ def _stdin() -> None:
     except OSError:
         return  # the launcher had no stdin either
     old = sys.__stdin__
-    sys.stdin = sys.__stdin__ = open(  # type: ignore[misc]  # noqa: SIM115 - the process's stdin, as Python makes it
-        0, "r", closefd=False, encoding=getattr(old, "encoding", None) or "utf-8",
+    sys.stdin = sys.__stdin__ = open(  # type: ignore[misc]
+        0, closefd=False, encoding=getattr(old, "encoding", None) or "utf-8",
         errors=getattr(old, "errors", None) or "strict", newline="\n" if os.name != "nt" else None)
     if stream is not None:
         try:
@@ -229,7 +229,7 @@ def _main_process_class() -> type:
     return _MainProcess
 
 
-def _MainProcess() -> Any:  # noqa: N802 - stands for the class
+def _MainProcess() -> Any:
     return _main_process_class()()
 
 

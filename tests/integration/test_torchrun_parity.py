@@ -129,7 +129,7 @@ def _signalled(launcher: str, tmp_path: Path, how: str, signum: int) -> Run:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-        raise AssertionError(f"{launcher}: did not stop:\n{''.join(lines) + out}")
+        raise AssertionError(f"{launcher}: did not stop:\n{''.join(lines) + out}") from None
     return Run(proc.returncode, "".join(lines) + out)
 
 
