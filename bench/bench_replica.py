@@ -58,7 +58,7 @@ sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from resctl.checkpoint.replica import ReplicaServer
 srv = ReplicaServer(sys.argv[2], 0, host="127.0.0.1", root=Path(sys.argv[3]))
-print(srv.port, flush=True)
+print(srv.address("127.0.0.1"), flush=True)
 sys.stdin.read()  # until the parent closes it
 srv.close()
 """
@@ -147,7 +147,7 @@ def main() -> None:
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
-        addr = f"127.0.0.1:{server.stdout.readline().strip()}"
+        addr = server.stdout.readline().strip()  # host:port#secret
         result = run(args, tmp, node_a, fresh, addr)
     finally:
         if server.stdin is not None:

@@ -26,7 +26,7 @@ for part in ${*:-tier happy exit kill}; do
         echo "$launcher rc=$rc wall=$(( ($(date +%s%N) - t0) / 1000000 )) ms $(grep -c 'nothing to do' "$OUT/exit-$launcher.txt") line(s)"
       done;;
     kill) echo "== kill -9 -> first step after resume: ddp, 1 GPU"
-      timeout 280 python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda --faults 5 --clean 3 \
+      timeout 280 python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda --faults ${FAULTS:-5} --clean ${CLEAN:-3} \
         --steps 40 --kill-after 15 --script-args "--step-time 0.05" > "$OUT/kill-ddp.json" 2> "$OUT/kill-ddp.err"
       echo "exit $?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50'])); [print(e[-400:]) for e in d.get('errors', [])]" "$OUT/kill-ddp.json";;
   esac

@@ -28,7 +28,7 @@ _resctl() {
     case "$path" in
         "") words="doctor profile report run tune-interval --version --help" ;;
         "run") words="--dry-run --duplicate-stderr-filters --duplicate-stdout-filters --event-log-handler --local-addr --local-ranks-filter --log-dir --logs-specs --master-addr --master-port --max-restarts --metrics-addr --metrics-port --module --monitor-interval --nnodes --no-python --node-rank --nproc-per-node --numa-binding --preflight --profile --rdzv-backend --rdzv-conf --rdzv-endpoint --rdzv-id --redirects --role --run-dir --run-path --set --shutdown-timeout --signals-to-handle --standalone --start-method --tee --verbose --virtual-local-rank -m -p -r -t -v --help" ;;
-        "doctor") words="--deep --dir --json --only --profile --root --set --skip --storage-mb --strict -p --help" ;;
+        "doctor") words="--cluster --deep --dir --json --only --profile --root --set --skip --storage-mb --strict -p --help" ;;
         "tune-interval") words="--async --from-run --headroom --interval --json --max-overhead --mem-commit --mem-stall --memory-every --mtbf --node-mtbf --nodes --restart --stall --state-size --step-time --sync --toml --write-bw --write-profile --write-slowdown --write-time --help" ;;
         "report") words="--html --json --help" ;;
         "profile show") words="--json --profile --set -p --help" ;;

@@ -46,6 +46,7 @@ complete -c resctl -n '__fish_seen_subcommand_from run' -s t
 complete -c resctl -n '__fish_seen_subcommand_from run' -s v
 complete -c resctl -n '__fish_seen_subcommand_from run' -l help
 complete -c resctl -n '__fish_seen_subcommand_from run' -F
+complete -c resctl -n '__fish_seen_subcommand_from doctor' -l cluster
 complete -c resctl -n '__fish_seen_subcommand_from doctor' -l deep
 complete -c resctl -n '__fish_seen_subcommand_from doctor' -l dir
 complete -c resctl -n '__fish_seen_subcommand_from doctor' -l json

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+#: The job stopped itself because its restarts made no progress (health.no_progress_cycles): NVRx >= 0.6's
+#: "do not requeue" code, so a scheduler rule written for one holds for both.
+EXIT_NO_PROGRESS = 93
+#: This node was left out of the job by the cluster preflight (health.preflight_policy = "exclude").
+EXIT_EXCLUDED = 94
 
 
 class ResctlError(Exception):

@@ -5,14 +5,16 @@ One place decides what looks secret, by name and by shape:
 - **by name**: an environment variable, rendezvous setting, profile key or command-line flag whose name
   has a part such as TOKEN, SECRET, PASSWORD, KEY, CREDENTIAL, AUTH or PAT (`HF_TOKEN`,
   `WANDB_API_KEY`, `GITHUB_PAT`, `--api-token`); `TOKENIZERS_PARALLELISM` and `PYTHONPATH` are not;
-- **by shape**: credentials in URLs (`postgres://user:pw@db/x` -> `postgres://user:<redacted>@db/x`),
+- **by shape**: credentials in URLs (`postgres://user:pw@db/x` -> `postgres://user:<redacted>@db/x`;
+  `?token=`, `?sig=`, `?X-Amz-Signature=` values; key-like path segments such as a webhook's secret),
   `password=...`-style pairs inside a value, and well-known token formats (`ghp_...`, `hf_...`,
   `github_pat_...`, `glpat-...`, `xoxb-...`, `sk-...`, AWS access key ids, JWTs);
 - **rendezvous settings**: every `rdzv_conf` value except the known harmless ones (`is_host`,
   timeouts, ...), since a custom rendezvous handler may take a token there.
 
 Used by `resctl run --dry-run`, `resctl profile show`, profile error messages, the run directory's
-plan.json, and the launcher's own log line of its rendezvous settings.
+plan.json, the launcher's log, the events (an exception's text and traceback), fatal.json and the
+failure summary.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ _SECRET_PART = re.compile(
     r"credentials|auth|pat|cookie|signature|dsn)\d*$",
     re.IGNORECASE,
 )
-_SECRET_SUBSTRING = re.compile(r"SECRET|PASSWORD|PASSWD|CREDENTIAL|APITOKEN|ACCESSTOKEN|AUTHTOKEN|APIKEY", re.IGNORECASE)
+# Inside one word too: MYTOKEN, DBPASSWORD, APPSECRET (TOKENIZERS_PARALLELISM and --tokenizer are not secrets).
+_SECRET_SUBSTRING = re.compile(r"SECRET|PASSWORD|PASSWD|CREDENTIAL|TOKEN(?!IZ)|APIKEY", re.IGNORECASE)
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/\s:@]*)(?::(?P<pw>[^/\s@]*))?@")
 _PAIR = re.compile(
     r"(?P<key>[A-Za-z0-9_.-]*(?:token|secret|password|passwd|pwd|apikey|api_key|access_key|credential|auth)"
@@ -41,6 +44,40 @@ _TOKEN_SHAPES = re.compile(
     r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
 )
+_URL = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#'\"<>]*)(?P<path>/[^\s?#'\"<>]*)?"
+                  r"(?P<query>\?[^\s#'\"<>]*)?")
+# Query parameters that carry a credential whatever their value looks like (presigned URLs, API keys).
+_SECRET_PARAMS = frozenset({"key", "sig", "signature", "code", "x-amz-signature", "x-amz-credential",
+                            "x-amz-security-token", "x-goog-signature", "x-goog-credential"})
+_WORD_SPLIT = re.compile(r"[-_.~+]")
+
+
+def _random_looking(segment: str) -> bool:
+    """A URL path segment that looks like a key, not a name: one run of 16+ characters mixing at
+    least two of lower case, upper case and digits (`aB3dE6gH9jK2mN5pQ8rS1tU4`, a hex digest); a
+    name of short words (`Llama-3.1-8B-Instruct`, a UUID, `step-000010`) is not."""
+    for piece in _WORD_SPLIT.split(segment):
+        if len(piece) >= 16 and sum((any(c.islower() for c in piece), any(c.isupper() for c in piece),
+                                     any(c.isdigit() for c in piece))) >= 2:
+            return True
+    return False
+
+
+def _redact_url(m: re.Match[str]) -> str:
+    path = m.group("path") or ""
+    if path:
+        path = "/".join(MASK if _random_looking(seg) else seg for seg in path.split("/"))
+    query = m.group("query") or ""
+    if query:
+        def param(kv: str) -> str:
+            name, sep, value = kv.partition("=")
+            secret = sep and value and (name.lower() in _SECRET_PARAMS or secret_name(name))
+            return f"{name}={MASK}" if secret else kv
+
+        query = "?" + "&".join(param(kv) for kv in query[1:].split("&"))
+    return m.group("head") + path + query
+
+
 # Rendezvous settings with harmless values (torch's c10d handler and ft_launcher); the rest are masked.
 SAFE_RDZV_CONF = frozenset({
     "is_host", "timeout", "join_timeout", "last_call_timeout", "close_timeout", "read_timeout", "keep_alive_interval",
@@ -62,6 +99,7 @@ def redact_text(text: str) -> str:
             return f"{m.group('scheme')}{m.group('user')}:{MASK}@"
         return f"{m.group('scheme')}{MASK}@"  # https://TOKEN@host: the user part is the secret
 
+    text = _URL.sub(_redact_url, text)  # before the user info gets a MASK (its < > end a URL)
     text = _URL_USERINFO.sub(userinfo, text)
     text = _PAIR.sub(lambda m: f"{m.group('key')}{m.group('sep')}{MASK}", text)
     return _TOKEN_SHAPES.sub(MASK, text)

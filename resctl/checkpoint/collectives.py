@@ -69,6 +69,25 @@ def buddy_addr(own: str) -> str | None:
     return addrs.get(target) if target is not None else None
 
 
+def buddy_secret(own: bytes) -> bytes:
+    """The secret of this node's buddy's replica server (b"": none), from an all-gather of every
+    rank's node and its node's secret (40 bytes a rank). The addresses go through the store, which
+    whoever reaches it can read (`agree.buddy_addr`); the secrets only through the job's collective."""
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    padded = own[: replica.SECRET_BYTES].ljust(replica.SECRET_BYTES, b"\0")
+    words = [int.from_bytes(padded[i : i + 8], "little", signed=True) for i in range(0, replica.SECRET_BYTES, 8)]
+    mine = torch.tensor([node, len(own[: replica.SECRET_BYTES]), *words], dtype=torch.int64, device=_device())
+    every = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(every, mine)
+    found: dict[int, bytes] = {}
+    for row in every:
+        values = [int(v) for v in row.tolist()]
+        raw = b"".join(v.to_bytes(8, "little", signed=True) for v in values[2:])
+        found.setdefault(values[0], raw[: values[1]])
+    target = replica.buddy(node, [int(row[0].item()) for row in every])
+    return found.get(target, b"") if target is not None else b""
+
+
 def min_over_ranks(value: int) -> int:
     flag = torch.tensor([value], dtype=torch.int64, device=_device())
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)

@@ -306,6 +306,11 @@ class Disk:
         """Stop the threads; give back a recycled directory nobody will overwrite now."""
         self.pool.shutdown(wait=True)
         self._prune_exec.shutdown(wait=True)
+        self.drop_recycled()
+
+    def drop_recycled(self) -> None:
+        """Remove the pruned checkpoint kept for the next write to overwrite: nobody will now (the
+        script ended, or `close`), and a whole checkpoint must not be left behind in a hidden directory."""
         with self._recycle_lock:
             waiting, self._recycled = self._recycled, None
         if waiting is not None:

@@ -270,6 +270,7 @@ class Checkpointer:
         if self._final is Final.REQUESTED and self.hooks.final_gate(step):
             return self._final_boundary()
         snap = self.memory.save(state, step) if self.memory.due(step) else None
+        self.memory.before_step(step + 1)
         if step % self.settings.interval_steps == 0:
             self.save(state, step, snapshot=snap)
             return True
@@ -383,6 +384,10 @@ class Checkpointer:
             self.disk.close()
             self.memory.close()
             self._owner.release()
+
+    def drop_recycled(self) -> None:
+        """The script ended: no write of this process will reuse the pruned checkpoint kept for it."""
+        self.disk.drop_recycled()
 
     def start(self) -> None:
         """Once, before the first load or save: on rank 0 take the directory's ownership lock and

@@ -35,6 +35,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping
@@ -123,8 +124,8 @@ class _Slot:
                 self._register()
             return self._view
         self.close()
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / DATA, os.O_RDWR | os.O_CREAT, 0o600)
+        memdir.ensure_private(self.path)  # 0700 and this user's, or refused: never another user's link
+        fd = os.open(self.path / DATA, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             if os.fstat(fd).st_size != total:
                 os.ftruncate(fd, 0)
@@ -203,6 +204,7 @@ class MemoryTier:
         self._warming: Future[None] | None = None  # slots being mapped and pinned in the background
         self._pins: slots.Claims[Future[Any]] = slots.Claims()  # readers of a slot (disk writes, refills)
         self._last: int | None = None  # the slot written last (the next snapshot goes to the other)
+        self._gate: Any = None  # the forward pre-hook holding the next step until the commit lands
         self._stream: Any = None  # CUDA stream of the background device-to-host copies
         #: Why the tier was turned off in this process (a failed snapshot), or None.
         self.disabled: str | None = None
@@ -212,7 +214,7 @@ class MemoryTier:
     # --- saving --------------------------------------------------------------------------------
 
     def save(self, tensors: list[torch.Tensor], structure_meta: bytes, step: int, stage: StageFn,
-             on_device: bool = False) -> tuple[Snapshot, float]:
+             on_device: bool = False, gate_next: bool = True) -> tuple[Snapshot, float]:
         """Copy `tensors` into the free slot (blocking: the caller may change them afterwards) and
         commit it in the background; return the snapshot and the seconds waited for the previous
         commit or a disk write still reading the slot.
@@ -252,8 +254,44 @@ class MemoryTier:
         if device is not None:
             self._arena_free.clear()
         snap.ready = self._commit = self._exec.submit(self._commit_slot, snap, device, staged_at, staged_at - t0, waited)
+        if gate_next:  # memory_every = 1: the very next step is the one that ends in a snapshot
+            self._gate_next_forward(snap.ready)
         self.warm(total, cuda)  # the other slot, before the next snapshot needs it
         return snap, waited
+
+    def gate_commit_in_flight(self) -> None:
+        """Hold the next forward pass until the snapshot in flight is committed (if one is): called
+        before the step that ends in the next snapshot, so that no rank can finish that step, and
+        take the snapshot over its older slot, before every rank holds the newer one. A commit that
+        took less than the interval has long landed: nothing waits."""
+        commit = self._commit
+        if commit is not None and not commit.done():
+            self._gate_next_forward(commit)
+
+    def _gate_next_forward(self, commit: Future[None]) -> None:
+        """The next forward pass (of any module) waits until this snapshot is committed.
+
+        Commits are asynchronous and each rank's finishes on its own time, so without this a rank
+        could finish step s+1 (its collective met a peer that was still checksumming step s) and
+        take snapshot s+1 over its copy of s-1 while the peer, killed now, held only s-1: no step
+        every rank holds, a resume from disk (issue 27). A rank that has not committed s does not
+        start step s+1, so no rank can finish s+1 before every rank holds s: a kill at any moment
+        leaves a common step at most `memory_every` behind the newest step reached, with two slots.
+        With `memory_every` = m > 1 the hold is placed before step s+m only (the step that ends in
+        the next snapshot, `gate_commit_in_flight`), so it costs nothing while a commit takes less
+        than the interval; a kill then leaves a common step less than 2m behind.
+        The commit still overlaps what runs before the next forward (the rest of the step's
+        bookkeeping, the data loader); a loop with no `nn.Module` forward is not held."""
+        if self._gate is not None:
+            self._gate.remove()
+
+        def gate(_module: Any, _args: Any) -> None:
+            handle.remove()
+            if self._gate is handle:
+                self._gate = None
+            wait_futures([commit])  # its error, if any, is the engine's to report (`wait`)
+
+        handle = self._gate = torch.nn.modules.module.register_module_forward_pre_hook(gate)
 
     def _wait_pin(self, k: int) -> None:
         pin = self._pins.release(k)
@@ -350,6 +388,7 @@ class MemoryTier:
         )
         tmp = slot.path / f".{fmt.MANIFEST}.tmp"
         fmt.write_manifest(tmp, manifest, durable=False)
+        os.chmod(tmp, 0o600)
         os.rename(tmp, slot.path / fmt.MANIFEST)  # the commit point
         if self.replicator is not None:
             self.replicator.offer(snap.step, snap.slot)
@@ -521,7 +560,8 @@ class MemoryTier:
         try:
             held = replica.listing(self.replicator.addr, self.key, self.rank)
         except (WireError, OSError) as err:
-            log.warning("the buddy node's memory snapshots are out of reach (%s): %s", self.replicator.addr, err)
+            log.warning("the buddy node's memory snapshots are out of reach (%s): %s", replica.shown(self.replicator.addr),
+                        err)
             return set()
         found = set()
         for p in held:
@@ -551,6 +591,9 @@ class MemoryTier:
 
     def close(self) -> None:
         """Finish the commit in flight and unmap (the files stay for a restarted worker)."""
+        if self._gate is not None:
+            self._gate.remove()
+            self._gate = None
         try:
             self._wait_commit()
         except Exception:

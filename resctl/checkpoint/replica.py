@@ -21,8 +21,14 @@ slot is being sent the next local snapshot is written into the other one (`Memor
 into a local slot over the network and verified like any memory snapshot), the disk; all ranks
 agree on one step. See docs/checkpoint.md ("Replication to a buddy node").
 
-Not authenticated (like torch.distributed's TCPStore): the server accepts only frames whose job key
-is this job's, and everything it hands back is verified by the restoring worker before use.
+Authenticated (docs/security.md): each server has its own random secret, part of the address the
+job's workers get (`host:port#<secret>`; never printed: `shown`), and every frame after the
+server's HELLO carries a MAC keyed by it and bound to that connection's nonce (`replica_wire`),
+so a stranger who reaches the port can read, drop or replace nothing and learns nothing (an
+unauthenticated frame gets "not authenticated", no job name). A PUT older than the newest copy
+held is refused (a resumed job first FORGETs the abandoned newer steps), so nothing can be
+downgraded. The server serves at most `MAX_CONNECTIONS` connections at once (the rest are closed
+at once), and the wire's deadlines bound how long any one may hold a rank's lock.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import secrets
 import socket
 import socketserver
 import threading
@@ -43,16 +50,23 @@ from resctl.checkpoint import slots as slot_policy
 from resctl.checkpoint.replica_wire import (
     ERR,
     FORGET,
+    FRAME_SECONDS,
     GET,
     LIST,
+    NONCE_BYTES,
     OK,
     PUT,
+    Auth,
+    Deadline,
+    NotAuthenticated,
     Payload,
     WireError,
     encode,
     expect_ok,
+    hello,
     invalidate,
     read_frame,
+    read_hello,
     receive_into_slot,
     send_payload,
     slot_payload,
@@ -65,6 +79,8 @@ HOST_ENV = "RESCTL_REPLICA_HOST"  # the host to advertise instead of the one fou
 CONNECT_TIMEOUT = 5.0
 TIMEOUT = 60.0  # seconds without progress on an established transfer
 MAX_RANK = 1 << 24
+MAX_CONNECTIONS = 64  # at once; a node's buddy has one sender per rank, and a load asks once per rank
+SECRET_BYTES = 32
 
 
 def buddy(node: int, nodes: list[int]) -> int | None:
@@ -75,15 +91,39 @@ def buddy(node: int, nodes: list[int]) -> int | None:
     return order[(order.index(node) + 1) % len(order)]
 
 
-def parse_addr(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
+def parse_addr(addr: str) -> tuple[str, int, bytes]:
+    """(host, port, the server's secret) of `HOST:PORT#SECRET` (no secret: b"", refused by servers)."""
+    where, _, secret = addr.partition("#")
+    host, _, port = where.rpartition(":")
     if not host or not port.isdigit():
-        raise WireError(f"bad replica address {addr!r} (want HOST:PORT)")
-    return host.strip("[]"), int(port)
+        raise WireError(f"bad replica address {shown(addr)!r} (want HOST:PORT#KEY)")
+    try:
+        key = bytes.fromhex(secret)
+    except ValueError:
+        raise WireError(f"bad replica address {shown(addr)!r}: the key is not hex") from None
+    return host.strip("[]"), int(port), key
 
 
-def format_addr(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def format_addr(host: str, port: int, secret: bytes = b"") -> str:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{where}#{secret.hex()}" if secret else where
+
+
+def shown(addr: str) -> str:
+    """An address fit for a log line, an event or a store: without its secret."""
+    return addr.partition("#")[0]
+
+
+def secret_of(addr: str) -> bytes:
+    """The secret part of `HOST:PORT#SECRET` (b"" when none or not hex)."""
+    try:
+        return bytes.fromhex(addr.partition("#")[2])
+    except ValueError:
+        return b""
+
+
+def with_secret(addr: str, secret: bytes) -> str:
+    return f"{shown(addr)}#{secret.hex()}" if secret else shown(addr)
 
 
 def advertised_host(endpoint: str) -> str:
@@ -125,13 +165,39 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, at most MAX_CONNECTIONS of them: one more is closed at once."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
 
 class ReplicaServer:
     """Keeps the buddy copies of other nodes' ranks in this node's shared memory (see the module doc)."""
 
-    def __init__(self, key: str, port: int = 0, host: str = "0.0.0.0", root: Path | None = None) -> None:
+    launch: str | None = None  # the memory tree's launch suffix (memdir); None: this process's env
+
+    def __init__(self, key: str, port: int = 0, host: str = "0.0.0.0", root: Path | None = None,
+                 launch: str | None = None, secret: bytes | None = None) -> None:
         self.key = key
+        self.secret = secret or secrets.token_bytes(SECRET_BYTES)
         self.root = root
+        self.launch = launch
         self._locks: dict[int, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._server = _TCPServer((host, port), _Handler)
@@ -143,12 +209,16 @@ class ReplicaServer:
     def port(self) -> int:
         return int(self._server.server_address[1])
 
+    def address(self, host: str) -> str:
+        """What the job's workers are given: `host:port#secret` (never to be shown: `shown`)."""
+        return format_addr(host, self.port, self.secret)
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
 
     def slots(self, rank: int) -> list[Path]:
-        base = memdir.replica_dir(self.key, rank, self.root)
+        base = memdir.replica_dir(self.key, rank, self.root, self.launch)
         return [base / f"slot-{k}" for k in range(slot_policy.SLOTS)]
 
     @contextmanager
@@ -160,32 +230,40 @@ class ReplicaServer:
 
     def serve_one(self, conn: socket.socket) -> None:
         """One request on `conn`, answered OK or ERR (a broken connection is just closed)."""
-        conn.settimeout(TIMEOUT)
+        auth = Auth(self.secret, secrets.token_bytes(NONCE_BYTES))
+        timed = Deadline(conn, FRAME_SECONDS)
         try:
-            op, header = read_frame(conn)
+            conn.sendall(hello(auth.nonce))
+            op, header = read_frame(timed, auth)
+            conn.settimeout(TIMEOUT)  # replies and GET data: per send, as the clients read (a PUT's data: `timed`)
             if header.get("job") != self.key:
-                raise WireError(f"job {header.get('job')!r} is not this server's job ({self.key})")
+                raise WireError("not this server's job")  # says nothing of the job it serves
             rank = header.get("rank")
             if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < MAX_RANK:
                 raise WireError(f"bad rank {rank!r}")
             with self._rank_lock(rank):
-                reply = self._dispatch(op, rank, header, conn)
+                reply = self._dispatch(op, rank, header, timed, auth)
             if reply is not None:
-                conn.sendall(encode(OK, reply))
+                conn.sendall(encode(OK, reply, auth))
         except (WireError, OSError) as err:
             log.debug("replica request failed: %s", err)
+            reason = "not authenticated" if isinstance(err, NotAuthenticated) else str(err)
             try:
-                conn.sendall(encode(ERR, {"error": str(err)}))
+                conn.sendall(encode(ERR, {"error": reason}, auth))
             except OSError:
                 pass
 
-    def _dispatch(self, op: int, rank: int, header: dict[str, Any], conn: socket.socket) -> dict[str, Any] | None:
+    def _dispatch(self, op: int, rank: int, header: dict[str, Any], conn: Deadline,
+                  auth: Auth) -> dict[str, Any] | None:
         slots = self.slots(rank)
         held = [slot_payload(s) for s in slots]
         if op == PUT:
             payload = Payload.from_header(header)
+            newest = max((p.step for p in held if p is not None), default=-1)
+            if payload.step < newest:  # a downgrade: a resumed job FORGETs the newer steps first
+                raise WireError(f"step {payload.step} is older than the copy of step {newest} held here")
             for slot, p in zip(slots, held):
-                if p is not None and p.step >= payload.step:  # a resumed job's abandoned timeline
+                if p is not None and p.step == payload.step:  # the same step again: replaced
                     invalidate(slot)
             kept = [p.step if p is not None and p.step < payload.step else None for p in held]
             receive_into_slot(conn, slots[slot_policy.receive_slot(kept)], payload)
@@ -195,8 +273,8 @@ class ReplicaServer:
         if op == GET:
             for slot, p in zip(slots, held):
                 if p is not None and p.step == header.get("step"):
-                    conn.sendall(encode(OK, p.to_header()))
-                    send_payload(conn, slot, p)
+                    conn.sendall(encode(OK, p.to_header(), auth))
+                    send_payload(conn.conn, slot, p)  # type: ignore[arg-type]
                     return None
             raise WireError(f"no copy of rank {rank} step {header.get('step')!r} here")
         if op == FORGET:
@@ -214,11 +292,13 @@ class ReplicaServer:
 
 
 @contextmanager
-def _connect(addr: str, timeout: float = TIMEOUT) -> Iterator[socket.socket]:
-    sock = socket.create_connection(parse_addr(addr), timeout=CONNECT_TIMEOUT)
+def _connect(addr: str, timeout: float = TIMEOUT) -> Iterator[tuple[socket.socket, Auth]]:
+    """A connection to the server at `addr`, past its HELLO, with the keys of this connection."""
+    host, port, secret = parse_addr(addr)
+    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
     try:
         sock.settimeout(timeout)
-        yield sock
+        yield sock, Auth(secret, read_hello(sock))
     finally:
         sock.close()
 
@@ -230,18 +310,27 @@ def put(addr: str, key: str, rank: int, slot: Path, cancel: threading.Event | No
     payload = slot_payload(slot)
     if payload is None:
         raise WireError(f"{slot} holds no complete snapshot")
-    with _connect(addr) as sock:
-        sock.sendall(encode(PUT, {"job": key, "rank": rank, **payload.to_header()}))
-        send_payload(sock, slot, payload, cancel, go)
-        expect_ok(sock)
+    with _connect(addr) as (sock, auth):
+        try:
+            sock.sendall(encode(PUT, {"job": key, "rank": rank, **payload.to_header()}, auth))
+            send_payload(sock, slot, payload, cancel, go)
+        except OSError as err:  # the server refused before taking the data: its reason, if it arrived
+            try:
+                expect_ok(sock, auth)
+            except WireError as refused:
+                raise refused from err
+            except OSError:
+                pass
+            raise
+        expect_ok(sock, auth)
     return payload
 
 
 def listing(addr: str, key: str, rank: int) -> list[Payload]:
     """The snapshots of `rank` the server at `addr` holds."""
-    with _connect(addr) as sock:
-        sock.sendall(encode(LIST, {"job": key, "rank": rank}))
-        snaps = expect_ok(sock).get("snapshots")
+    with _connect(addr) as (sock, auth):
+        sock.sendall(encode(LIST, {"job": key, "rank": rank}, auth))
+        snaps = expect_ok(sock, auth).get("snapshots")
     if not isinstance(snaps, list):
         raise WireError("bad replica listing")
     return [Payload.from_header(h) for h in snaps if isinstance(h, dict)]
@@ -250,9 +339,9 @@ def listing(addr: str, key: str, rank: int) -> list[Payload]:
 def fetch(addr: str, key: str, rank: int, step: int, dest: Path) -> Payload:
     """Fetch `rank`'s snapshot of `step` from the server at `addr` into the slot directory `dest`
     (committed only if it arrived whole and intact)."""
-    with _connect(addr) as sock:
-        sock.sendall(encode(GET, {"job": key, "rank": rank, "step": step}))
-        payload = Payload.from_header(expect_ok(sock))
+    with _connect(addr) as (sock, auth):
+        sock.sendall(encode(GET, {"job": key, "rank": rank, "step": step}, auth))
+        payload = Payload.from_header(expect_ok(sock, auth))
         if payload.step != step:
             raise WireError(f"asked for step {step}, the replica sent step {payload.step}")
         receive_into_slot(sock, dest, payload)
@@ -261,9 +350,9 @@ def fetch(addr: str, key: str, rank: int, step: int, dest: Path) -> Payload:
 
 def forget(addr: str, key: str, rank: int, newer_than: int) -> None:
     """Drop `rank`'s copies newer than `newer_than` (the job resumed from there)."""
-    with _connect(addr) as sock:
-        sock.sendall(encode(FORGET, {"job": key, "rank": rank, "newer_than": newer_than}))
-        expect_ok(sock)
+    with _connect(addr) as (sock, auth):
+        sock.sendall(encode(FORGET, {"job": key, "rank": rank, "newer_than": newer_than}, auth))
+        expect_ok(sock, auth)
 
 
 class Replicator:
@@ -339,7 +428,7 @@ class Replicator:
             else:
                 self._last_error = None
                 self.emit("ckpt_replica", step=step, seconds=round(time.monotonic() - t0, 6),
-                          bytes=payload.data[0], buddy=self.addr)
+                          bytes=payload.data[0], buddy=shown(self.addr))
             finally:
                 with self._wake:
                     self.reading = None
@@ -351,9 +440,9 @@ class Replicator:
             return
         message = f"{type(err).__name__}: {err}"
         if message != self._last_error:  # once per kind of failure, not once per step
-            log.warning("could not copy the memory snapshot of step %d to the buddy node %s: %s", step, self.addr,
-                        message)
-            self.emit("ckpt_replica_fail", step=step, buddy=self.addr, error=message)
+            log.warning("could not copy the memory snapshot of step %d to the buddy node %s: %s", step,
+                        shown(self.addr), message)
+            self.emit("ckpt_replica_fail", step=step, buddy=shown(self.addr), error=message)
         self._last_error = message
 
     def close(self) -> None:

@@ -1,14 +1,27 @@
 """The wire format of memory-tier replication, and the one way a snapshot lands in a slot.
 
-A connection carries one request and its reply. Every request and reply starts with a *frame*::
+A connection carries one request and its reply. The server opens it with a HELLO frame carrying
+a fresh random *nonce*; every frame after that is authenticated with the server's secret (32
+random bytes made by `resctl run`, handed to the job's own workers in `RESCTL_REPLICA_ADDR` and
+the all-gather of addresses at `load`)::
 
-    magic "RSRP" | version u8 | op u8 | n u32 | header: n bytes of JSON | crc u32
+    magic "RSRP" | version u8 | op u8 | n u32 | tag: 16 bytes | header: n bytes of JSON | mac: 32 bytes
 
-(big-endian; `crc` is the memory tier's checksum, `crc.checksum`, of everything before it), so a
-damaged header is refused before any of it is used: a flipped bit can never file a snapshot under
-another rank, step or job. A snapshot travels as a frame whose header carries its manifest (the
-text of the slot's `manifest.json`, itself checksummed) and the size and checksum of `meta.pt`
-and of `data-0.bin`, followed by those two files' bytes.
+(big-endian). `tag` = HMAC-SHA256(secret, nonce "T" fixed part)[:16] is checked before a byte of the
+header is read, so a stranger makes the server read 26 bytes and allocate nothing; `mac` =
+HMAC-SHA256(secret, nonce "M" fixed part header) covers the whole frame, so no header is used that
+the job did not write, and none can be replayed on another connection (another nonce). A damaged
+header is refused the same way: a flipped bit can never file a snapshot under another rank, step or
+job. A snapshot travels as a frame whose header carries its manifest (the text of the slot's
+`manifest.json`, itself checksummed) and the size and checksum of `meta.pt` and of `data-0.bin`,
+followed by those two files' bytes (checked against the authenticated checksums; they protect
+against damage, not against a man in the middle of the job's network).
+
+Bounds (a peer, or a stranger, cannot make the server hold more than this): a frame's header must
+arrive within `FRAME_SECONDS`, data at `MIN_RATE` or faster (a one-byte-a-second sender is cut off);
+memory is taken as data arrives (the header buffer grows with what was received, the slot file is
+allocated chunk by chunk); a claim larger than the free shared memory is refused before anything is
+allocated; a transfer that fails leaves no data file behind; a header nested too deep is refused.
 
 `receive_into_slot` is the only writer of a received snapshot, on the buddy (a PUT) and back on
 the node that restores it (a GET): it removes the slot's manifest first, streams the data into the
@@ -22,12 +35,15 @@ No torch here: the replica server runs in `resctl run`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import mmap
 import os
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,21 +53,28 @@ from resctl.checkpoint.crc import CHECKSUM, checksum
 from resctl.checkpoint.errors import CheckpointError
 
 MAGIC = b"RSRP"
-VERSION = 1
-PUT, LIST, GET, FORGET = 1, 2, 3, 4
+VERSION = 2
+PUT, LIST, GET, FORGET, HELLO = 1, 2, 3, 4, 5
 OK, ERR = 0x80, 0x81
-OPS = frozenset((PUT, LIST, GET, FORGET, OK, ERR))
+OPS = frozenset((PUT, LIST, GET, FORGET, HELLO, OK, ERR))
 MAX_HEADER = 4 << 20  # a LIST reply holds two manifests; a manifest lists every tensor of the state
 CHUNK = 8 << 20  # bytes per recv_into/sendfile call (a cancel is seen between chunks)
+RECV_STEP = 64 << 10  # a header buffer grows by at most this much per read
+FRAME_SECONDS = 10.0  # a whole frame header must arrive within this
+MIN_RATE = 1 << 20  # bytes/s below which a transfer of snapshot data is cut off
+NONCE_BYTES, TAG_BYTES, MAC_BYTES = 16, 16, 32
 # The slot's file names, as resctl.checkpoint.format and .memory name them (tests check they agree;
 # those modules import torch, which `resctl run` does not load).
 DATA, META, MANIFEST = "data-0.bin", "meta.pt", "manifest.json"
 _HEAD = struct.Struct(">4sBBI")
-_CRC = struct.Struct(">I")
 
 
 class WireError(CheckpointError):
     """A replication transfer that was damaged, cut short or refused (nothing of it is offered)."""
+
+
+class NotAuthenticated(WireError):
+    """A frame without this job's secret (a stranger, a stale key, or damage)."""
 
 
 class Conn(Protocol):
@@ -61,52 +84,114 @@ class Conn(Protocol):
     def sendall(self, data: Any) -> None: ...
 
 
-def encode(op: int, header: dict[str, Any]) -> bytes:
+@dataclass(frozen=True)
+class Auth:
+    """One connection's keys: the server's secret and the nonce of its HELLO."""
+
+    secret: bytes
+    nonce: bytes
+
+    def tag(self, fixed: bytes) -> bytes:
+        return hmac.new(self.secret, self.nonce + b"T" + fixed, hashlib.sha256).digest()[:TAG_BYTES]
+
+    def mac(self, fixed: bytes, body: bytes) -> bytes:
+        return hmac.new(self.secret, self.nonce + b"M" + fixed + body, hashlib.sha256).digest()
+
+
+OPEN = Auth(b"", b"")  # the HELLO frame: its nonce is public (checksummed, not secret)
+
+
+class Deadline:
+    """A connection whose reads must be done by `at` (time.monotonic()); a slow peer is cut off."""
+
+    def __init__(self, conn: Conn, seconds: float) -> None:
+        self.conn, self.at = conn, time.monotonic() + seconds
+
+    def extend(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise WireError("replica peer too slow: deadline passed")
+        settimeout = getattr(self.conn, "settimeout", None)
+        if settimeout is not None:
+            settimeout(left)
+        try:
+            return self.conn.recv_into(buffer, nbytes)
+        except TimeoutError:
+            raise WireError("replica peer too slow: deadline passed") from None
+
+    def sendall(self, data: Any) -> None:
+        self.conn.sendall(data)
+
+
+def encode(op: int, header: dict[str, Any], auth: Auth) -> bytes:
     body = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     if len(body) > MAX_HEADER:
         raise WireError(f"replica frame header too large ({len(body)} bytes)")
-    head = _HEAD.pack(MAGIC, VERSION, op, len(body)) + body
-    return head + _CRC.pack(checksum(head))
+    fixed = _HEAD.pack(MAGIC, VERSION, op, len(body))
+    return fixed + auth.tag(fixed) + body + auth.mac(fixed, body)
 
 
-def read_frame(conn: Conn) -> tuple[int, dict[str, Any]]:
-    """The next frame's op and header; WireError if it is not an intact frame of this version."""
+def hello(nonce: bytes) -> bytes:
+    return encode(HELLO, {"nonce": nonce.hex()}, OPEN)
+
+
+def read_hello(conn: Conn) -> bytes:
+    """The nonce of the server's HELLO (the first frame of every connection)."""
+    op, header = read_frame(conn, OPEN)
+    nonce = header.get("nonce") if op == HELLO else None
+    try:
+        value = bytes.fromhex(nonce) if isinstance(nonce, str) else b""
+    except ValueError:
+        value = b""
+    if len(value) != NONCE_BYTES:
+        raise WireError("not a resctl replica server (no HELLO)")
+    return value
+
+
+def read_frame(conn: Conn, auth: Auth) -> tuple[int, dict[str, Any]]:
+    """The next frame's op and header; NotAuthenticated if it is not this job's (nothing of its
+    header is read then), WireError if it is not an intact frame of this version."""
     fixed = recv_exact(conn, _HEAD.size)
     magic, version, op, n = _HEAD.unpack(fixed)
     if magic != MAGIC:
         raise WireError("not a resctl replica frame")
     if version != VERSION:
         raise WireError(f"replica wire version {version}, this resctl speaks {VERSION}")
+    if not hmac.compare_digest(recv_exact(conn, TAG_BYTES), auth.tag(fixed)):
+        raise NotAuthenticated("replica frame not authenticated")
     if op not in OPS or n > MAX_HEADER:
         raise WireError(f"bad replica frame (op {op}, header {n} bytes)")
     body = recv_exact(conn, n)
-    (crc,) = _CRC.unpack(recv_exact(conn, _CRC.size))
-    if checksum(fixed + body) != crc:
-        raise WireError("replica frame header checksum mismatch")
+    if not hmac.compare_digest(recv_exact(conn, MAC_BYTES), auth.mac(fixed, body)):
+        raise NotAuthenticated("replica frame not authenticated (damaged or forged)")
     try:
         header = json.loads(body)
-    except ValueError as err:
-        raise WireError(f"replica frame header is not JSON: {err}") from None
+    except (ValueError, RecursionError) as err:
+        raise WireError(f"replica frame header is not plain JSON: {type(err).__name__}") from None
     if not isinstance(header, dict):
         raise WireError("replica frame header is not an object")
     return op, header
 
 
 def recv_exact(conn: Conn, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = conn.recv_into(view[got:], n - got)
+    """`n` bytes; the buffer grows with what arrives (a claimed size costs nothing until it is sent)."""
+    buf = bytearray()
+    while len(buf) < n:
+        want = min(n - len(buf), RECV_STEP)
+        part = bytearray(want)
+        k = conn.recv_into(part, want)
         if k == 0:
-            raise WireError(f"connection closed after {got} of {n} bytes")
-        got += k
+            raise WireError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += part[:k]
     return bytes(buf)
 
 
-def expect_ok(conn: Conn) -> dict[str, Any]:
+def expect_ok(conn: Conn, auth: Auth) -> dict[str, Any]:
     """Read a reply: its header when OK, WireError with the peer's reason when not."""
-    op, header = read_frame(conn)
+    op, header = read_frame(conn, auth)
     if op == ERR:
         raise WireError(f"replica refused: {header.get('error', 'no reason given')}")
     if op != OK:
@@ -204,53 +289,84 @@ def send_payload(conn: socket.socket, slot: Path, payload: Payload, cancel: thre
 
 def receive_into_slot(conn: Conn, slot: Path, payload: Payload) -> None:
     """Receive a payload's bytes into `slot` and commit it (manifest last); on any failure the slot
-    holds no manifest. Raises WireError (cut short, checksum mismatch) or OSError (e.g. shm full)."""
+    holds no manifest and no data file (nothing stays pinned). Raises WireError (cut short, too
+    slow, checksum mismatch) or OSError (e.g. shm full)."""
     invalidate(slot)
-    slot.mkdir(parents=True, exist_ok=True)
+    memdir.ensure_private(slot)
     size, crc = payload.data
-    meta = recv_exact(conn, payload.meta[0])
-    got = _receive_file(conn, slot / DATA, size)
-    if got != crc:
-        raise WireError(f"replica: {DATA} checksum mismatch (damaged or overwritten in transit)")
-    if checksum(meta) != payload.meta[1]:
-        raise WireError(f"replica: {META} checksum mismatch")
-    memdir.write_private(slot / META, meta)
-    tmp = slot / f".{MANIFEST}.tmp"
-    memdir.write_private(tmp, payload.manifest.encode())
-    os.rename(tmp, slot / MANIFEST)  # the commit point
+    free = _free_bytes(slot)
+    if free is not None and size + payload.meta[0] > free + _allocated(slot / DATA, size):
+        raise WireError(f"replica: no room for {size + payload.meta[0]} bytes in {slot.parent} ({free} free)")
+    if isinstance(conn, Deadline):  # the data may take its time, at MIN_RATE at least
+        conn.extend(FRAME_SECONDS + (size + payload.meta[0]) / MIN_RATE)
+    try:
+        meta = recv_exact(conn, payload.meta[0])
+        got = _receive_file(conn, slot / DATA, size)
+        if got != crc:
+            raise WireError(f"replica: {DATA} checksum mismatch (damaged or overwritten in transit)")
+        if checksum(meta) != payload.meta[1]:
+            raise WireError(f"replica: {META} checksum mismatch")
+        memdir.write_private(slot / META, meta)
+        tmp = slot / f".{MANIFEST}.tmp"
+        memdir.write_private(tmp, payload.manifest.encode())
+        os.rename(tmp, slot / MANIFEST)  # the commit point
+    except BaseException:
+        for name in (DATA, META, f".{MANIFEST}.tmp"):  # give back what the failed transfer took
+            try:
+                os.unlink(slot / name)
+            except OSError:
+                pass
+        raise
+
+
+def _free_bytes(slot: Path) -> int | None:
+    try:
+        st = os.statvfs(slot)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _allocated(path: Path, size: int) -> int:
+    """Bytes of `path` that a receive of `size` bytes reuses (a slot keeps its file between copies)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return 0
+    return min(info.st_blocks * 512, size) if info.st_size == size else 0
 
 
 def _receive_file(conn: Conn, path: Path, size: int) -> int:
-    """Stream `size` bytes into `path` (preallocated: a full tmpfs fails here, not with SIGBUS)
-    through a shared mapping; return their checksum."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    """Stream `size` bytes into `path` through a shared mapping, one chunk at a time, each allocated
+    just before its bytes are read (a full tmpfs fails here, not with SIGBUS; a claim that is never
+    sent costs nothing); return their checksum."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    crc = 0
     try:
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, 0)
-            if size:
-                os.posix_fallocate(fd, 0, size)
+            os.ftruncate(fd, size)  # sparse: no memory yet
         if size == 0:
             return checksum(b"")
+        got = 0
         # MAP_POPULATE: the page tables in one pass, not a fault per 4 KiB page as the bytes arrive.
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mapped = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    crc = 0
-    try:
-        with memoryview(mapped) as view:
-            got = 0
-            while got < size:
-                end = min(got + CHUNK, size)
-                with view[got:end] as part:
+        while got < size:
+            length = min(CHUNK, size - got)
+            os.posix_fallocate(fd, got, length)
+            mapped = mmap.mmap(fd, length, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=got)
+            try:
+                with memoryview(mapped) as part:
                     filled = 0
-                    while filled < len(part):
-                        k = conn.recv_into(part[filled:], len(part) - filled)
+                    while filled < length:
+                        k = conn.recv_into(part[filled:], length - filled)
                         if k == 0:
                             raise WireError(f"replica: connection closed after {got + filled} of {size} data bytes")
                         filled += k
                     crc = checksum(part, crc)
-                got = end
+            finally:
+                mapped.close()
+            got += length
     finally:
-        mapped.close()
+        os.close(fd)
     return crc

@@ -10,7 +10,8 @@ import typer
 
 EPILOG = (
     "Examples: resctl doctor -p prod.toml  |  resctl doctor --json --strict  |  "
-    "resctl doctor --only storage --dir /fsx/ckpt  |  resctl doctor --deep --skip efa. "
+    "resctl doctor --only storage --dir /fsx/ckpt  |  resctl doctor --deep --skip efa  |  "
+    "resctl doctor --cluster (on every node at once). "
     "Exit codes: 0 fit, 1 a check failed (or warned, with --strict), 2 usage or profile error."
 )
 
@@ -32,6 +33,7 @@ def doctor(
     directory: Annotated[str | None, typer.Option("--dir", help="Directory the storage probe tests (default: checkpoint.dir).")] = None,
     storage_mb: Annotated[int | None, typer.Option("--storage-mb", min=0, help="MB the storage test writes (doctor.storage_test_mb); 0 skips it.")] = None,
     root: Annotated[Path, typer.Option("--root", help="Read /sys, /proc, /dev and nvml.json under this node snapshot instead of this machine.")] = Path("/"),
+    cluster: Annotated[bool, typer.Option("--cluster", help="Run on every node at once: collectives in pairs and all together, a matmul per device; names slow or broken nodes (docs/doctor.md).")] = False,
 ) -> None:
     """Check that this node is fit to train.
 
@@ -50,6 +52,10 @@ def doctor(
         sets.append(f"doctor.storage_test_mb={storage_mb}")
     resolved = resolve(profile, sets=sets)
     err_console.print(resolved.loaded(), markup=False, highlight=False)
+    if cluster:
+        from resctl.cli.doctor_cluster import doctor_cluster
+
+        raise typer.Exit(doctor_cluster(resolved, as_json))
     if root != Path("/") and not root.is_dir():
         raise UsageError(f"--root {root}: not a directory")
     explicit = frozenset(k for k in resolved.sources if k.startswith("doctor."))

@@ -34,11 +34,15 @@ def load_analysis(run_dir: Path) -> Any:
     from resctl.launch.plan import PLAN_FILE, read_plan
 
     plan = read_plan(run_dir / PLAN_FILE)  # None when absent or damaged: the events alone are enough
+    from resctl.telemetry.ranks import RankSteps
+
     stats = ReadStats()
+    per_rank = RankSteps()  # the per-rank step table, fed in the same pass
     try:
-        analysis = analyze_stream(read_run(run_dir, stats), plan if isinstance(plan, dict) else None,
+        analysis = analyze_stream(per_rank.watch(read_run(run_dir, stats)), plan if isinstance(plan, dict) else None,
                                   ref=reference_rank(ranks))
         analysis.damaged_lines = stats.damaged
+        analysis.rank_steps = per_rank.rows()  # type: ignore[attr-defined]  # report's own addition
         return analysis
     except OSError as err:
         raise UsageError(f"{run_dir}: cannot read the events: {err}") from None
@@ -68,9 +72,12 @@ def report(
         except OSError as err:
             raise UsageError(f"--html {html}: cannot write it: {err}") from None
     if as_json:
-        typer.echo(json.dumps(analysis.to_json(), indent=2))
+        typer.echo(json.dumps({**analysis.to_json(), "rank_steps": analysis.rank_steps}, indent=2))
     else:
         _render(analysis)
+        from resctl.cli.report_ranks import render_ranks
+
+        render_ranks(analysis.rank_steps)
     if html is not None:
         info(f"wrote {html}")
 

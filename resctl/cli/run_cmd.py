@@ -65,6 +65,12 @@ def run(
 
         render(launch_plan)
         return
+    if resolved.profile.launch.preflight == "cluster":
+        from resctl.cli.doctor_cluster import run_preflight
+
+        stop_code = run_preflight(resolved, launch_plan)
+        if stop_code is not None:
+            raise typer.Exit(stop_code)
     from resctl.checkpoint.owner import check_free
 
     check_free(resolved.profile.checkpoint.dir)  # another live job writes there: CheckpointDirInUse, exit 2

@@ -27,6 +27,14 @@ torch, and the launcher's slow paths, are bridged without forking NVRx. Every ch
   SIGTERMed the launcher and `resctl run` themselves. Every process forked from the launcher now leads
   its own group, and the cleanup waits only while a group still has members.
 
+- **A job stop is never lost.** NVRx 0.4.1 swallows the SIGTERM that stops the job when it lands
+  during a restart (`terminate_mp_processes` and the rank monitors' close message catch every
+  `Exception`, its `SignalException` included): the job trained on to the end and exited 0. The
+  launcher now remembers the signal; a stop swallowed during a restart is handed to the new workers
+  (`stop.JOB_STOP_ENV`: each begins the job stop, a final save at its first step boundary, as soon
+  as its shim is in place), the launcher stops them after `--term-timeout` if they have not left,
+  and no further restart is made. A stop swallowed anywhere else is raised again at the next poll.
+
 Forked workers inherit the launcher's memory: the patches are undone in every child at fork
 (`install_fork_hook`).
 """
@@ -152,6 +160,9 @@ def _quick_restart_stops(patches: Patches) -> None:
         return stop_workers(self, *args, **kwargs)
 
     def tracked_start_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from resctl.health.gate import before_cycle
+
+        before_cycle(self)  # resctl.health.gate: may stop the launcher before this cycle's workers start
         _Agent.current = self
         stop.clear(_stop_file())
         LatePreload.before_fork()
@@ -237,6 +248,7 @@ class _WakeOnWorkerExit:
         return getattr(self._real, name)
 
     def sleep(self, seconds: float) -> None:
+        _JobStop.check()
         LatePreload.maybe_start()
         fds = []
         for pid in _Agent.live_pids():
@@ -314,6 +326,101 @@ def _quick_leftover_cleanup(patches: Patches) -> None:
     patches.set(launcher, "terminate_mp_processes", terminate_leftovers)
 
 
+class _JobStop:
+    """A SIGTERM/SIGINT/SIGHUP/SIGQUIT the launcher received, remembered until the launcher acts on it."""
+
+    signum: int | None = None
+    inside_run = False  # in the agent's `_invoke_run`: where a swallowed stop can be raised again
+    restarting = False  # in `_restart_workers`: a stop now waits for the new workers (no one to save)
+    deadline: float | None = None  # set when workers were started with the stop in their env
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.signum, cls.inside_run, cls.restarting, cls.deadline = None, False, False, None
+
+    @classmethod
+    def exception(cls) -> BaseException:
+        from nvidia_resiliency_ext.fault_tolerance.launcher import SignalException
+
+        sig = signal.Signals(cls.signum or signal.SIGTERM)
+        return SignalException(f"Process {os.getpid()} got signal: {int(sig)}", sigval=sig)
+
+    @classmethod
+    def check(cls) -> None:
+        """At the monitor loop's sleep: raise the stop again when it was swallowed, or when the
+        workers it was handed to have not left within `--term-timeout` (they are stopped then)."""
+        if cls.signum is None or not cls.inside_run:
+            return
+        if cls.deadline is None or time.monotonic() >= cls.deadline:
+            raise cls.exception()
+
+
+def stop_exit_code(code: int) -> int:
+    """The launcher's exit code: 128+N when signal N stopped the job and it did not end well (NVRx
+    exits 1), so a launcher signalled directly (not through `resctl run`) still exits 143."""
+    return 128 + _JobStop.signum if code != 0 and _JobStop.signum is not None else code
+
+
+def _elastic_api() -> Any:
+    try:  # NVRx 0.4/0.5 start workers through their own copy of torch elastic; 0.6+ through torch's
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing import api
+    except ImportError:
+        from torch.distributed.elastic.multiprocessing import api
+    return api
+
+
+def _stops_never_lost(patches: Patches) -> None:
+    """Remember a stop signal; a stop that arrives while workers are restarted goes to the new
+    workers (the old ones cannot save: a peer is gone), one swallowed elsewhere is raised again, and
+    no restart is made once the stop was handed over."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    api = _elastic_api()
+    agent_cls = launcher.LocalElasticAgent
+    handler = getattr(api, "_terminate_process_handler", None)
+    if handler is None or not all(hasattr(agent_cls, m) for m in ("_invoke_run", "_restart_workers", "_start_workers")):
+        return  # another launcher shape: nothing known to swallow a stop there
+
+    def remembering_handler(signum: int, frame: Any) -> None:
+        if _JobStop.signum is None:
+            _JobStop.signum = signum
+        if not _JobStop.restarting:
+            handler(signum, frame)  # raises SignalException
+
+    patches.set(api, "_terminate_process_handler", remembering_handler)  # looked up when workers start
+    invoke_run, restart_workers, start_workers = (
+        agent_cls._invoke_run, agent_cls._restart_workers, agent_cls._start_workers)
+
+    def guarded_invoke_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _JobStop.inside_run = True
+        try:
+            return invoke_run(self, *args, **kwargs)
+        finally:
+            _JobStop.inside_run = False
+
+    def restart_unless_stopped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _JobStop.signum is not None and _JobStop.deadline is not None:
+            raise _JobStop.exception()  # the workers left on the job stop: end the job, no restart
+        _JobStop.restarting = True
+        try:
+            return restart_workers(self, *args, **kwargs)
+        finally:
+            _JobStop.restarting = False
+
+    def start_with_stop(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _JobStop.signum is not None and _JobStop.inside_run:
+            # The new workers begin the job stop (and its final save) themselves, once their shim
+            # can act on it: a SIGTERM now would reach none.
+            os.environ[stop.JOB_STOP_ENV] = str(_JobStop.signum)
+            _JobStop.deadline = time.monotonic() + float(getattr(self, "_term_timeout", 0) or 30)
+        return start_workers(self, *args, **kwargs)
+
+    patches.set(agent_cls, "_invoke_run", guarded_invoke_run)
+    patches.set(agent_cls, "_restart_workers", restart_unless_stopped)
+    patches.set(agent_cls, "_start_workers", start_with_stop)
+    patches.on_undo(_JobStop.reset)
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -341,17 +448,9 @@ _LAUNCHER_PID = [0]  # set in main(): the process whose children `_child_of_laun
 
 
 def _die_with_parent(sig: int) -> None:
-    import ctypes
-    import ctypes.util
+    from resctl.launch.lifeline import die_with_parent
 
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if parent == 1:  # the launcher died before the line above: it will not signal us
-        os.kill(os.getpid(), sig)
+    die_with_parent(sig)
 
 
 def apply_adapters() -> list[str]:
@@ -366,6 +465,7 @@ def apply_adapters() -> list[str]:
     _wake_on_worker_exit(PATCHES)
     _titled_rank_monitors(PATCHES)
     _quick_leftover_cleanup(PATCHES)
+    _stops_never_lost(PATCHES)
     return PATCHES.applied
 
 

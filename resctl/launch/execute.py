@@ -2,7 +2,9 @@
 
 resctl runs ft_launcher as a child rather than exec'ing it, so that it can forward signals
 (SIGTERM/SIGINT/SIGUSR1/SIGUSR2) to the launcher's process group leader, pass its exit code
-through, and print a one-screen summary of what failed when it fails.
+through, and print a one-screen summary of what failed when it fails. A stop is bounded: what is
+left `launch.term_timeout` (+ `EXIT_SLACK`) after it is SIGKILLed, the whole tree. The launcher dies
+with this process (`resctl.launch.lifeline`), so a SIGKILLed `resctl run` leaves no job behind.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from resctl.errors import LaunchError, UsageError
-from resctl.launch import rendezvous, stop
+from resctl.launch import lifeline, rendezvous, stop
 from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan, restart_policy
 from resctl.profile.load import Layer, Resolved, resolve
 
 if TYPE_CHECKING:
     from resctl.checkpoint.replica import ReplicaServer
+    from resctl.health.watch import Watch
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -115,16 +118,18 @@ def serve_metrics(launch_plan: LaunchPlan) -> str:
     return f"[{host}]:{server.server_port}" if ":" in host else f"{host}:{server.server_port}"
 
 
-def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callable[[str], None]) -> "ReplicaServer | None":
+def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callable[[str], None],
+                  launch: str = "") -> "ReplicaServer | None":
     """Start this node's memory-tier replica server when the plan replicates (the workers find it in
-    `RESCTL_REPLICA_ADDR`, added to `env`); it lives as long as this process, across worker restarts."""
+    `RESCTL_REPLICA_ADDR`, added to `env`); it lives as long as this process, across worker restarts.
+    `launch`: this launch's memory-tree suffix (`memdir.new_launch`)."""
     if launch_plan.replica_port is None:
         return None
     from resctl.checkpoint import memdir, replica
 
     key = memdir.job_key(launch_plan.run_id, "")
     try:
-        server = replica.ReplicaServer(key, launch_plan.replica_port)
+        server = replica.ReplicaServer(key, launch_plan.replica_port, launch=launch)
     except OSError as err:
         raise UsageError(
             f"checkpoint.memory_replicate_port = {launch_plan.replica_port}: cannot listen on it: "
@@ -136,26 +141,72 @@ def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callab
         on_event(f"resctl: memory-tier replication off on this node: no address other nodes can reach (only "
                  f"loopback found); set {replica.HOST_ENV} to this node's address")
         return None
-    addr = replica.format_addr(host, server.port)
-    env[replica.ADDR_ENV] = addr
+    env[replica.ADDR_ENV] = server.address(host)  # with its secret: for this job's workers only
     if os.environ.get("RESCTL_VERBOSE") == "1":
-        on_event(f"resctl: memory replica server on {addr}")
+        on_event(f"resctl: memory replica server on {replica.format_addr(host, server.port)}")
     return server
 
 
 def exit_code(code: int, received: Sequence[int]) -> int:
     """What `resctl run` exits with: the launcher's code, or 128+N when signal N stopped the job.
 
-    ft_launcher itself exits 1 after a SIGTERM; Kubernetes, Slurm and shells expect 143 (128+15).
-    A stopped job never reports success, even when its workers exited 0 (torchrun exits 1 then):
-    an Indexed Job must not count a preempted index as completed.
+    ft_launcher itself exits 1 after a SIGTERM; Kubernetes, Slurm and shells expect 143 (128+15),
+    also when the launcher had to be killed after `launch.term_timeout`. A stopped job never reports
+    success, even when its workers exited 0 (torchrun exits 1 then): an Indexed Job must not count a
+    preempted index as completed.
     """
-    if code < 0:  # the launcher itself died of a signal: report it the way a shell would
-        return 128 - code
     stops = [s for s in received if s in (signal.SIGTERM, signal.SIGINT)]
     if stops:
         return 128 + int(stops[0])
+    if code < 0:  # the launcher itself died of a signal: report it the way a shell would
+        return 128 - code
     return code
+
+
+#: After a forwarded stop, how long past launch.term_timeout the launcher may take to exit (its own
+#: SIGKILL of the workers comes at term_timeout; this is for its exit after that).
+EXIT_SLACK = 5.0
+
+
+def wait_stopping(child: "subprocess.Popen[bytes]", received: Sequence[int], term_timeout: float,
+                  on_event: Callable[[str], None]) -> int:
+    """Wait for the launcher; once a stop was forwarded, SIGKILL its whole process tree if it is
+    still there `term_timeout` + `EXIT_SLACK` seconds later (a stop is never held up for good)."""
+    import time
+
+    deadline: float | None = None
+    while True:
+        try:
+            return child.wait(timeout=0.2 if deadline is None else max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        if deadline is None:
+            if any(s in (signal.SIGTERM, signal.SIGINT) for s in received):
+                deadline = time.monotonic() + term_timeout + EXIT_SLACK
+            continue
+        if time.monotonic() >= deadline:
+            killed = kill_tree(child.pid)
+            on_event(f"resctl: the launcher had not stopped {term_timeout + EXIT_SLACK:g} s after the stop "
+                     f"(launch.term_timeout = {term_timeout:g}s): killed it and {killed - 1} more processes")
+            return child.wait()
+
+
+def kill_tree(pid: int) -> int:
+    """SIGKILL `pid` and every process below it (workers lead their own process groups); returns
+    how many were signalled."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for proc in tree:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return len(tree)
 
 
 def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int:
@@ -169,8 +220,13 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     on_event(f"resctl: run {launch_plan.run_id} -> {launch_plan.run_dir}")
     if launch_plan.metrics_port is not None:
         on_event(f"resctl: metrics on http://{serve_metrics(launch_plan)}/metrics")
-    env = {**os.environ, **launch_plan.env}
-    replica_server = serve_replica(launch_plan, env, on_event)
+    from resctl.checkpoint import memdir
+
+    # This launch's own memory-tier tree: another job with the same run id on this node has its own.
+    launch = memdir.new_launch()
+    memdir.sweep_dead_launches(launch_plan.run_id)
+    env = {**os.environ, **launch_plan.env, lifeline.RUN_PID_ENV: str(os.getpid()), memdir.LAUNCH_ENV: launch}
+    replica_server = serve_replica(launch_plan, env, on_event, launch)
     received: list[int] = []
     children: list[subprocess.Popen[bytes]] = []
 
@@ -189,19 +245,21 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         children.append(child)
         for signum in received:  # arrived while the launcher was starting
             child.send_signal(signum)
-        launcher_code = child.wait()
+        watch = _watch(launch_plan, child.pid, on_event)
+        launcher_code = wait_stopping(child, received, launch_plan.term_timeout, on_event)
+        if watch is not None:
+            watch.close()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if replica_server is not None:
             replica_server.close()
     code = exit_code(launcher_code, received)
-    from resctl.checkpoint import memdir
-
-    memdir.release_job(launch_plan.run_id)  # backstop: memory-tier snapshots this node's workers left
+    memdir.release_job(launch_plan.run_id, launch=launch)  # backstop: memory-tier snapshots this node's workers left
     fatal = stop.read_fatal(launch_plan.run_dir) if code != 0 else None
     if fatal is not None:
-        on_event(f"resctl: rank {fatal.get('rank')} stopped the job (no restart can cure it): {fatal.get('error')}")
+        who = f"rank {fatal.get('rank')}" if "cause" not in fatal else f"resctl ({fatal['cause']})"
+        on_event(f"resctl: {who} stopped the job (no restart can cure it): {fatal.get('error')}")
         on_event(f"resctl: exit {fatal['exit_code']}; run dir {launch_plan.run_dir}")
         return int(fatal["exit_code"])
     if code != 0 and received:
@@ -217,6 +275,19 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         on_event(f"resctl: finished in {time.monotonic() - started:.1f} s (exit 0); `resctl report "
                  f"{launch_plan.run_dir}` for details")
     return code
+
+
+def _watch(launch_plan: LaunchPlan, launcher_pid: int, on_event: Callable[[str], None]) -> "Watch | None":
+    """The straggler watch over this run's events (resctl.health.watch), when the profile asks for one."""
+    if launch_plan.health is None:
+        return None
+    from resctl.health.watch import Watch
+
+    watch = Watch(launch_plan.run_dir, launch_plan.health, on_event)
+    if not watch.needed:
+        return None
+    watch.start(launcher_pid)
+    return watch
 
 
 def _notes(launch_plan: LaunchPlan, on_event: Callable[[str], None]) -> None:

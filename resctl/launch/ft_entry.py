@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from resctl.launch import adapters, launcher_logs, preload, stop
+from resctl.launch import adapters, launcher_logs, lifeline, preload, stop
 
 
 def _launcher_title() -> str:
@@ -28,12 +28,16 @@ def _launcher_title() -> str:
 
 def main() -> None:
     import atexit
+    import signal
 
+    # First: a `resctl run` SIGKILLed from here on still stops the job (a SIGTERM: its final save).
+    lifeline.die_with_parent(signal.SIGTERM, lifeline.expected(os.environ, lifeline.RUN_PID_ENV))
+    os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())  # exec'd workers set theirs (resctl.shim)
     launcher_logs.quiet_logs()
 
     marker = stop.file_for(os.getpid())
     os.environ[stop.ENV] = str(marker)
-    atexit.register(stop.clear, marker)
+    atexit.register(stop.remove, marker)
     adapters.apply_adapters()
     adapters.install_fork_hook(os.getpid())
     launcher_logs.install()  # no secrets or stop tracebacks in its log
@@ -49,7 +53,7 @@ def main() -> None:
         code = 0
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    exit_quickly(code)
+    exit_quickly(adapters.stop_exit_code(code))
 
 
 def exit_quickly(code: int) -> None:

@@ -45,8 +45,9 @@ def _from_stop(exc: BaseException | None) -> bool:
 
 
 def scrub(record: logging.LogRecord) -> logging.LogRecord:
-    """The record with rdzv_configs values masked and a stop's traceback dropped (in place)."""
-    from resctl.redact import redact_rdzv_conf
+    """The record with rdzv_configs values masked, a stop's traceback dropped, and secret-shaped
+    text (a worker's error quoting a URL with its token) masked in the message and traceback (in place)."""
+    from resctl.redact import redact_rdzv_conf, redact_text
 
     args: Any = record.args
     if isinstance(args, dict) and isinstance(args.get("rdzv_configs"), dict):
@@ -54,6 +55,15 @@ def scrub(record: logging.LogRecord) -> logging.LogRecord:
     if record.exc_info and _from_stop(record.exc_info[1]):
         record.exc_info, record.exc_text = None, None
         record.msg = f"{record.msg} (traceback omitted: the launcher is stopping on a signal)"
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a bad format string is logging's to report, at emit
+        return record
+    masked = redact_text(message)
+    if masked != message:
+        record.msg, record.args = masked, None
+    if record.exc_info and record.exc_info[1] is not None:
+        record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
     return record
 
 

@@ -17,7 +17,7 @@ from resctl.errors import UsageError
 from resctl.launch import nvrx_flags
 from resctl.launch.rendezvous import Rendezvous
 from resctl.profile.load import Resolved
-from resctl.profile.schema import Profile, nnodes_range
+from resctl.profile.schema import Health, Profile, nnodes_range
 from resctl.redact import redact_argv, redact_rdzv_conf
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
@@ -63,6 +63,10 @@ class LaunchPlan:
     replica_port: int | None = None
     origins: dict[str, str] = field(default_factory=dict)  # "launch.run_dir" -> where its value came from
     layers: list[str] = field(default_factory=list)  # which recovery layers are on, and why (--dry-run)
+    #: launch.term_timeout: after a forwarded stop, `resctl run` kills what is left once it is over.
+    term_timeout: float = 60.0
+    #: What the `resctl run` process watches in the events (resctl.health.watch); None: nothing.
+    health: Health | None = None
 
     def command(self, program: Sequence[str] = ("ft_launcher",)) -> list[str]:
         return [*program, *self.args]
@@ -291,7 +295,8 @@ def plan(
     origins = {key: src(key) for key in ("launch.run_dir", "launch.log_dir", "launch.metrics_port", "launch.metrics_addr")}
     return LaunchPlan(args, env, files, dirs, run_dir, run_id, rendezvous, nvrx_version, series, settings, notes,
                       metrics_port=launch.metrics_port, metrics_addr=launch.metrics_addr, origins=origins,
-                      layers=recovery_layers(p, series, fork_workers), replica_port=replica_port)
+                      layers=recovery_layers(p, series, fork_workers), replica_port=replica_port,
+                      term_timeout=launch.term_timeout, health=p.health)
 
 
 def inprocess_env(p: Profile, user_env: Mapping[str, str]) -> dict[str, str]:

@@ -17,25 +17,35 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 ENV = "RESCTL_STOP_FILE"
+#: Set by the launcher for workers it starts after a job stop arrived while it was restarting (the
+#: signal had no worker to reach): such a worker begins the job stop as soon as its shim is in place.
+JOB_STOP_ENV = "RESCTL_JOB_STOP"
 FATAL_FILE = "fatal.json"  # in the run directory: a worker's reason to stop the job instead of restarting it
 
 
 def file_for(launcher_pid: int) -> Path:
-    """The marker of one launcher: node-local (shared memory when there is some)."""
+    """Make the marker's place for one launcher: a new directory only this user can enter
+    (`mkdtemp`: a random name, created exclusively, 0700) in node-local shared memory when there
+    is some. Nobody else can plant the marker there (a planted one would turn a real SIGTERM into a
+    restart stop: no final save) or a link where its temporary file is written."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    return Path(base) / f"resctl-stop-{launcher_pid}"
+    return Path(tempfile.mkdtemp(prefix=f"resctl-stop-{launcher_pid}-", dir=base)) / "marker"
 
 
 def mark_restart(path: Path, pids: Iterable[int]) -> None:
     """Record the PIDs about to be stopped for a restart (atomically: a reader sees all or none)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(" ".join(str(p) for p in sorted(set(pids))), encoding="ascii")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(" ".join(str(p) for p in sorted(set(pids))))
         os.replace(tmp, path)
     except OSError:
         pass  # best effort: without it a worker treats the SIGTERM as a job stop; the stop timeout still bounds it
@@ -48,16 +58,50 @@ def clear(path: Path) -> None:
         pass
 
 
+def remove(path: Path) -> None:
+    """The launcher is done: its marker and the private directory around it go."""
+    clear(path)
+    clear(path.with_name(path.name + ".tmp"))
+    try:
+        path.parent.rmdir()
+    except OSError:
+        pass
+
+
+def _trusted(path: Path) -> bytes | None:
+    """The marker's bytes when this user made it in a directory only this user can write, else None
+    (followed through no link: a marker or directory of another user, or a link, is not believed)."""
+    me = os.geteuid()
+    try:
+        parent = os.lstat(path.parent)
+        if not stat.S_ISDIR(parent.st_mode) or parent.st_uid != me or parent.st_mode & 0o022:
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != me or info.st_size > 1 << 20:
+            return None
+        return os.read(fd, info.st_size + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def is_restart_stop(env: Mapping[str, str], pid: int) -> bool:
     """True when the launcher named this process in its restart-stop marker."""
     path = env.get(ENV)
     if not path:
         return False
-    try:
-        text = Path(path).read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError):
+    data = _trusted(Path(path))
+    if data is None:
         return False
-    return str(pid) in text.split()
+    try:
+        return str(pid) in data.decode("ascii").split()
+    except UnicodeDecodeError:
+        return False
 
 
 def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int) -> None:
@@ -66,21 +110,30 @@ def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int
     sending SIGTERM to this worker's launcher, which then stops every worker as for a job stop.
     `resctl run` prints the reason and exits with `exit_code` instead of restarting up to max_restarts."""
     if run_dir is not None:
-        record = {"rank": rank, "error": f"{type(err).__name__}: {err}", "exit_code": exit_code}
-        tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}"
-        try:
-            # Complete before it is visible, first rank wins: a rank stopped mid-write (another rank's
-            # SIGTERM to the launcher reaches it) must not leave an empty reason behind.
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            os.link(tmp, run_dir / FATAL_FILE)
-        except OSError:
-            pass  # another rank said it first (or the run dir is gone): one reason is enough
-        finally:
-            tmp.unlink(missing_ok=True)
+        record_fatal(run_dir, {"rank": rank, "error": f"{type(err).__name__}: {err}", "exit_code": exit_code})
     try:
         os.kill(os.getppid(), signal.SIGTERM)
     except OSError:
         pass
+
+
+def record_fatal(run_dir: Path, record: dict[str, Any]) -> None:
+    """Write fatal.json once per run: complete before it is visible, first writer wins (a rank stopped
+    mid-write by another rank's SIGTERM to the launcher must not leave an empty reason behind).
+    `record` holds `exit_code` and `error`, and `rank` (a worker's) or `cause` (`resctl run`'s own,
+    e.g. no_progress from the health watch)."""
+    from resctl.redact import redact_text
+
+    if isinstance(record.get("error"), str):  # an exception's text may quote a URL with its token
+        record = {**record, "error": redact_text(record["error"])}
+    tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.link(tmp, run_dir / FATAL_FILE)
+    except OSError:
+        pass  # another rank said it first (or the run dir is gone): one reason is enough
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_fatal(run_dir: Path) -> dict[str, Any] | None:

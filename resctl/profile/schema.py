@@ -264,6 +264,11 @@ class Launch(Section):
         description="Address the metrics endpoint listens on: 0.0.0.0 (every IPv4 interface, so a pod's Prometheus "
         "scrape of the pod IP reaches it), :: for IPv6, 127.0.0.1 to keep it on the node (docs/security.md).",
     )
+    preflight: Literal["off", "cluster"] = Field(
+        "off", description="cluster: before the launcher starts, every node meets the others and runs real "
+        "collectives (gloo on CPU, NCCL on GPU) in pairs and all together and a matmul per device; slow or broken "
+        "nodes are named and, by health.preflight_policy, fail the job or are left out (docs/doctor.md).",
+    )
     use_shim: bool = Field(True, description="Start workers through resctl.shim (heartbeats, checkpoints, restarts).")
     nvrx_version: Annotated[str, AfterValidator(_check_version)] = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
 
@@ -436,6 +441,59 @@ class Doctor(Section):
     )
 
 
+class Health(Section):
+    """Cluster health that acts (docs/recovery.md, "Health"; docs/doctor.md, "Cluster preflight"): restarts that
+    make no progress stop the job, ranks slower than the others are named (both from the events the workers
+    already write: no per-step cost), the cluster preflight's verdicts are acted on."""
+
+    no_progress_cycles: int = Field(
+        0, ge=0,
+        description="Stop the job (exit 93, as NVRx >= 0.6: do not requeue) once this many launcher cycles in a "
+        "row, the first included, ended without a step beyond the best step before them, instead of spending "
+        "every restart; 0: off (restarts stop only at launch.max_restarts).",
+    )
+    stragglers: bool = Field(
+        True, description="Name a rank whose recent step times stay slower than the other ranks' median "
+        "(console, a straggler event, `resctl report`, metrics).",
+    )
+    straggler_margin: float = Field(
+        0.5, gt=0, le=100,
+        description="How much slower than the median of the other ranks counts: 0.5 = 50 % longer steps.",
+    )
+    straggler_steps: int = Field(
+        20, ge=2, le=100000,
+        description="Consecutive steps a rank must stay beyond the margin before it is named (once per episode).",
+    )
+    preflight_policy: Literal["fail", "exclude", "warn"] = Field(
+        "fail", description="What a cluster preflight that names slow or broken nodes does: fail (every node exits "
+        "1), exclude (those nodes exit 94 and the others train, when enough are left for launch.nnodes' minimum; "
+        "else fail), warn (name them and train on all).",
+    )
+    preflight_margin: float = Field(
+        0.5, gt=0, le=100, description="A node is slow when its matmul rate or its links' bandwidth is worse than "
+        "the other nodes' median by this much (0.5: 1.5x slower).",
+    )
+    preflight_min_gbps: float | None = Field(
+        None, gt=0, description="Lowest bandwidth (GB/s) a link between two nodes may have; also judges the one "
+        "link of a two-node job, where no median of other nodes exists. Empty: only relative to the others.",
+    )
+    preflight_mb: int = Field(0, ge=0, le=4096, description="MB each bandwidth test sends; 0: 8 on CPU (gloo), 256 on GPU (NCCL).")
+    preflight_timeout: Duration = Field(
+        60.0, gt=0, description="Time the nodes have to meet for the preflight; a node that has not joined by then "
+        "is named broken.",
+    )
+    preflight_port: int = Field(0, ge=0, le=65535, description="Port of the preflight's store on the rendezvous host; 0: launch.rdzv_port + 1.")
+    keep_out: Literal["off", "auto", "slurm", "kubernetes"] = Field(
+        "off", description="Keep a bad node (named by the cluster preflight, or with health.node_fault_limit faults "
+        "in this job) out of the next placement: Slurm drains it and requeues the job, Kubernetes labels and taints "
+        "it (needs the kit's RBAC); auto picks by the environment (docs/recovery.md, \"Health -> placement\").",
+    )
+    node_fault_limit: int = Field(
+        0, ge=0, le=1000, description="Launcher cycles this node may end by its own fault (its worker died first, "
+        "or without a word) before it is kept out (health.keep_out) and its launcher stops; 0: off.",
+    )
+
+
 class Fault(Section):
     """One scheduled fault: fires once per run, at `step` on `rank`."""
 
@@ -460,6 +518,7 @@ class Profile(Section):
     inprocess: InProcess = Field(default_factory=InProcess)
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     doctor: Doctor = Field(default_factory=Doctor)
+    health: Health = Field(default_factory=Health)
     faults: Faults = Field(default_factory=Faults)
 
     @model_validator(mode="after")

@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from resctl.checkpoint import memdir
 from resctl.drills import KINDS, FaultKind
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
@@ -140,6 +141,7 @@ class Shim:
         #: The job's stop-step agreement over the script's process group (None: this rank stops alone).
         self.stop_step: StopStep | None = None
         self._stopping = False  # a stop at a step boundary is under way (by SIGTERM or a peer)
+        self.sigterm_watcher = SigtermWatcher(self.on_restart_stop, self.on_sigterm)
         self._stop_deadline = 0.0
         self._stop_at: int | None = None  # the agreed stop step, once known
         self._stop_lock = threading.Lock()
@@ -240,6 +242,8 @@ class Shim:
         self._last_step_t = time.monotonic()  # the first step's duration excludes start-up and load
         self._next_beat = 0.0  # the first step after a resume beats at once
         self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6), **detail)
+        # A job stop the launcher handed over begins once the state is loaded: its final save needs it.
+        self.sigterm_watcher.stop_if_asked()
 
     def on_restart_stop(self) -> None:
         """The launcher is stopping this worker to restart the group: a peer failed, so no
@@ -367,8 +371,14 @@ class Shim:
             if status == "ok":
                 self.stop_step.outlast(OUTLAST)  # rank 0 hosts the store the others still wait on
         self.heartbeats.close()
-        if status == "ok" and self.checkpointer is not None:
-            self.checkpointer.release_memory()  # a clean end: no restart will restore this rank's snapshots
+        if self.checkpointer is not None:
+            self.checkpointer.drop_recycled()  # no write of this process will reuse it
+        if status == "ok" and self.checkpointer is not None and not os.environ.get(memdir.LAUNCH_ENV):
+            # A clean end without `resctl run`: nobody else removes this rank's snapshots. Under
+            # `resctl run` they stay until the job as a whole is done (its backstop removes them):
+            # a peer killed after this rank finished restarts the group, and this rank's state must
+            # still be there (issue 27).
+            self.checkpointer.release_memory()
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -399,7 +409,9 @@ class Shim:
         self._patch_user_rank_monitor()
         self._configure_checkpoint()
         snapshots.install(self)  # after the torch.save interceptor: sees intercepted saves too
-        SigtermWatcher(self.on_restart_stop, self.on_sigterm).install(self.patches)
+        self.sigterm_watcher.install(self.patches)
+        if not (self.checkpointer is not None and self.profile.checkpoint.save_on_sigterm):
+            self.sigterm_watcher.stop_if_asked()  # no final save to make: a handed-over stop leaves now
 
     def open_stop_step(self) -> None:
         """A new process group: agree on stop steps through its store (the old group's is closed)."""
@@ -408,6 +420,10 @@ class Shim:
         self.stop_step = open_for_default_group()
         if self.stop_step is not None:
             self.stop_step.watch(self.on_peer_stop)
+            if self._stopping and self.checkpointer is not None and self.stop_step.claim():
+                # The stop began before this group existed (one the launcher handed over): propose now.
+                threading.Thread(target=self.stop_step.propose, args=((self.checkpointer.latest_step or 0) + 1,),
+                                 name="resctl-stop-propose", daemon=True).start()
 
     def uninstall(self) -> None:
         self.patches.undo()
@@ -485,6 +501,7 @@ def main(argv: list[str]) -> int:
     else:
         forked.fresh_faulthandler()  # the shim's imports must not leave it on either
     fork_env.apply()  # a worker forked from the launcher: what torchrun's environment would give
+    _die_with_launcher()
     target = parse_argv(argv)
     profile, run_dir = load_plan(os.environ)
     shim = Shim(profile, run_dir)
@@ -532,6 +549,16 @@ def _record(shim: Shim, ended: ending.Ending) -> None:
                              type(err), err, ending.script_traceback(err.__traceback__), limit=-20)))
     shim.finish("error")
     stop_if_incurable(shim, err)
+
+
+def _die_with_launcher() -> None:
+    """A job stop (SIGTERM) when the launcher dies, for exec'd workers too (forked ones got it at fork):
+    a worker whose launcher was SIGKILLed must not train on unsupervised."""
+    from resctl.launch import lifeline
+
+    launcher = lifeline.expected(os.environ, lifeline.LAUNCHER_PID_ENV)
+    if launcher is not None and os.getppid() in (launcher, 1):  # not a process this launcher started: leave it
+        lifeline.die_with_parent(signal.SIGTERM, launcher)
 
 
 def stop_if_incurable(shim: Shim, err: BaseException) -> None:

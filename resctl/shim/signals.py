@@ -13,6 +13,8 @@ What it does (docs/recovery.md, "Signals"):
 - any other SIGTERM (a stop of the job: preemption, pod deletion, `scancel`): `on_job_stop`, which
   saves at the stop step all ranks agree on (`resctl.shim.stopstep`) within
   `checkpoint.sigterm_grace` and exits 143.
+A worker the launcher started with `stop.JOB_STOP_ENV` set (the stop reached the launcher while it
+was restarting workers) acts as for a job stop as soon as it is installed (`stop_if_asked`).
 A script that installs its own SIGTERM handler owns SIGTERM from then on, as under torchrun. A process
 the worker forks (a fork Pool, DataLoader workers) gets SIGTERM and the wakeup fd back as they were.
 """
@@ -70,6 +72,11 @@ class SigtermWatcher:
                     os.close(fd)
                 except OSError:
                     pass
+
+    def stop_if_asked(self) -> None:
+        """Begin the job stop the launcher handed to this worker, if it did."""
+        if os.environ.get(stop.JOB_STOP_ENV):
+            self.handle()
 
     def _python_handler(self, _signum: int, _frame: Any) -> None:
         self.handle()

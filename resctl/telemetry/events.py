@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from resctl.drills import CAUSES
+from resctl.redact import redact_text
 
 EVENTS_GLOB = "events-rank*.jsonl"
 STEP_FLUSH_EVERY = 1.0  # seconds a step event may wait in memory before it is written
@@ -190,6 +191,15 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("outcome", "str", "", "agreed, or alone (no agreement within half the grace: saved where it was)"),
         Field("seconds", "float", "s", "time the training thread waited for the agreement"),
     ), "resctl.shim.runtime"),
+    Kind("straggler", "a rank's steps stayed slower than the other ranks' median by health.straggler_margin for "
+         "health.straggler_steps steps in a row (said once per episode; `rank` is the slow rank)", (
+        Field("step", "int", "step", "the rank's step when it was named"),
+        Field("seconds", "float", "s", "the rank's recent step time (median of its last few steps)"),
+        Field("median", "float", "s", "the other ranks' median recent step time"),
+        Field("ratio", "float", "", "seconds / median"),
+        Field("steps", "int", "", "slow steps in a row"),
+        Field("margin", "float", "", "health.straggler_margin it was judged by", optional=True),
+    ), "resctl.health.watch"),
     Kind("end", "the worker finished its script", (
         Field("status", "str", "", "ok, error, sigterm (a stop of the job), restart-stop (stopped by the launcher "
               "to restart the group)"),
@@ -312,7 +322,9 @@ class EventLog:
         if self._fd is None:
             return
         record = {"t": time.time(), "kind": kind, "rank": self.rank, "cycle": self.cycle, "iteration": self.iteration}
-        record.update(fields)
+        # Free text (an exception's message, a traceback) may quote a URL with its token: masked here,
+        # so no reader of the run directory (report, metrics, the failure summary) ever sees it.
+        record.update({k: redact_text(v) if isinstance(v, str) else v for k, v in fields.items()})
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
         with self._lock:
             self._write(self._step_lines() + line)

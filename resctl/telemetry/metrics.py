@@ -24,6 +24,8 @@ million. A damaged line is skipped and counted; the rest of its batch is read.
 | `resctl_event_lines_damaged_total` | counter | lines of the events files skipped as damaged |
 | `resctl_checkpoint_failures_total` | counter | checkpoint writes that failed (`ckpt_fail`) |
 | `resctl_checkpoints_skipped_total` | counter | checkpoints a load refused as damaged or unusable (`ckpt_skip`) |
+| `resctl_rank_step_seconds{rank}` | gauge | each rank's recent step time (median of its last few steps) |
+| `resctl_stragglers` | gauge | ranks named as stragglers in this run (`straggler` events of the health watch) |
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, Iterator
 
 from resctl.telemetry.events import Event, ReadStats, parse_line, rank_files
 from resctl.telemetry.goodput import Analyzer
+from resctl.telemetry.ranks import RecentSteps
 
 UPDATE_EVERY = 1.0
 BATCH_BYTES = 1 << 20  # read this much of each file at a time (a backlog is read in several batches)
@@ -49,6 +52,14 @@ class EventTail:
         self.stats = ReadStats()
         self._offsets: dict[Path, int] = {}
         self._lines: dict[Path, int] = {}
+
+    def skip_existing(self) -> None:
+        """Start at the current end of every file (a reader that wants only what is appended from now on)."""
+        for path in rank_files(self.run_dir).values():
+            try:
+                self._offsets[path] = path.stat().st_size
+            except OSError:
+                pass
 
     def batches(self) -> Iterator[list[Event]]:
         """The valid records appended since the last call, in batches of at most `BATCH_BYTES` of each
@@ -104,6 +115,8 @@ class RunCollector:
         self.cycle = 0
         self._values: dict[str, Any] = {}
         self._stop = threading.Event()
+        self.rank_steps = RecentSteps()
+        self.stragglers: set[int] = set()
         self.error: Exception | None = None  # the last update's failure (the next one retries)
 
     @property
@@ -133,6 +146,10 @@ class RunCollector:
         kind = e["kind"]
         if kind == "start":
             self.cycle = max(self.cycle, e["cycle"])
+        elif kind == "step":
+            self.rank_steps.feed(e)
+        elif kind == "straggler":
+            self.stragglers.add(e["rank"])
         ref = self.analyzer.ref
         if kind == "step" and (ref is None or e["rank"] <= ref):
             self.last["step_seconds"] = e["duration"]
@@ -150,7 +167,8 @@ class RunCollector:
         values: dict[str, Any] = {"steps": a.ref_steps, "checkpoints": len(a.durable_steps), "cycle": self.cycle,
                                   "damaged": self.tail.stats.damaged, "last": dict(self.last),
                                   "failed_saves": a.failed_saves, "skipped": a.skipped_checkpoints,
-                                  "persisted_at": a.latest[0] if a.latest else None}
+                                  "persisted_at": a.latest[0] if a.latest else None,
+                                  "rank_steps": self.rank_steps.recent(), "stragglers": len(self.stragglers)}
         if a.events:
             r = a.result(series=False)
             counts: dict[tuple[str, str], int] = {}
@@ -207,6 +225,13 @@ class RunCollector:
         for key, (name, doc) in gauges.items():
             if key in v["last"]:
                 yield GaugeMetricFamily(name, doc, value=v["last"][key])
+        yield GaugeMetricFamily("resctl_stragglers", "Ranks named as stragglers in this run.", value=v["stragglers"])
+        if v["rank_steps"]:
+            per_rank = GaugeMetricFamily("resctl_rank_step_seconds", "Each rank's recent step time (median of its "
+                                         "last few steps).", labels=["rank"])
+            for rank, seconds in v["rank_steps"].items():
+                per_rank.add_metric([str(rank)], seconds)
+            yield per_rank
         if v["persisted_at"] is not None:
             yield GaugeMetricFamily("resctl_last_checkpoint_age_seconds", "Seconds since the newest durable checkpoint.",
                                     value=max(0.0, self.clock() - v["persisted_at"]))

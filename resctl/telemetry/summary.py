@@ -6,12 +6,18 @@ import collections
 from pathlib import Path
 from typing import Any
 
+from resctl.redact import redact_text
 from resctl.telemetry.events import ReadStats, read_run
 
 MAX_TRACE_LINES = 8
 
 
 def failure_summary(run_dir: Path, exit_code: int) -> list[str]:
+    """The summary's lines, secret-shaped text masked (events of an older resctl may hold it)."""
+    return [redact_text(line) for line in _summary(run_dir, exit_code)]
+
+
+def _summary(run_dir: Path, exit_code: int) -> list[str]:
     stats = ReadStats()
     faults: list[dict[str, Any]] = []
     cycles = 0

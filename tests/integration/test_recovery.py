@@ -99,6 +99,8 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     for nproc in (2, 4):
         run(job(tmp, f"ref{nproc}", nproc), cwd=tmp)
         out[nproc] = tmp / f"ref{nproc}.pt"
+        # Issue 27: the pruned checkpoint kept for the next write to overwrite is not left behind.
+        assert not list((tmp / f"ref{nproc}-ckpt").glob(".recycle-*")), "a whole old checkpoint left hidden"
     return out
 
 
@@ -197,6 +199,7 @@ def test_sigterm_writes_a_final_checkpoint_at_the_latest_step(tmp_path: Path) ->
     assert saved, f"no final checkpoint in {ckpt}:\n{out[-3000:]}"
     newest = saved[0][0]
     assert newest == last_step(run_dir, 0), (newest, last_step(run_dir, 0))
+    assert not list(ckpt.glob(".recycle-*")), "a pruned checkpoint kept for reuse is removed at the end"
     assert newest >= 15
     # And it loads: a fresh Checkpointer restores it.
     from resctl.checkpoint import Checkpointer

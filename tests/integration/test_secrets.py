@@ -20,6 +20,8 @@ SECRETS = {
     "HF_TOKEN": "hfSECRETenv1",
     "DATABASE_URL": "postgres://app:pgSECRETenv2@db:5432/x",
     "GITHUB_PAT": "ghpSECRETenv3",
+    "MYTOKEN": "mySECRETenv7",  # a secret name inside one word
+    "WEBHOOK": "https://hooks.example/services/T0/B0/aB3dE6gH9jK2mN5pQ8rS1tU4",  # the secret is a path segment
 }
 RDZV_TOKEN = "rdzvSECRET4"
 ARG_TOKEN = "argSECRET5"
@@ -42,7 +44,7 @@ def test_no_secret_value_reaches_the_run_dir_console_or_dry_run(tmp_path: Path) 
     (tmp_path / "w.py").write_text(WORKER.format(want=SECRETS, arg=ARG_TOKEN, pw=URL_PASSWORD, out=str(tmp_path)))
     args = ["-p", "p.toml", "--run-dir", "rd", "--metrics-port", "0", "--metrics-addr", "127.0.0.1", "w.py",
             "--api-token", ARG_TOKEN, "--source", f"https://bob:{URL_PASSWORD}@data/x"]
-    secrets = [*SECRETS.values(), RDZV_TOKEN, ARG_TOKEN, URL_PASSWORD, "pgSECRETenv2"]
+    secrets = [*SECRETS.values(), RDZV_TOKEN, ARG_TOKEN, URL_PASSWORD, "pgSECRETenv2", "aB3dE6gH9jK2mN5pQ8rS1tU4"]
 
     dry = subprocess.run([sys.executable, "-m", "resctl", "run", "--dry-run", *args], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
@@ -98,3 +100,24 @@ def test_sigterm_saves_then_exits_143_without_a_traceback(tmp_path: Path) -> Non
     assert "Traceback" not in out, out[-4000:]
     saved = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-"))
     assert saved, f"no final checkpoint on SIGTERM: {list(ckpt.iterdir())}"  # interval 1000: only the SIGTERM save
+
+
+FAILING = """
+raise RuntimeError("cannot fetch https://bob:hf_excSECRET81abcdef@hub.example/x?token=excSECRET82&page=2")
+"""
+
+
+def test_secrets_in_an_exception_stay_out_of_events_logs_and_the_summary(tmp_path: Path) -> None:
+    """Issue 27 item 7: a worker's exception quoting a URL with its credentials."""
+    (tmp_path / "fail.py").write_text(FAILING)
+    code, out = finish(start(["--nproc-per-node", "1", "--run-dir", "rd", "--set", "launch.max_restarts=0",
+                              "fail.py"], cwd=tmp_path), timeout=120)
+    assert code != 0
+    resctl_lines = "\n".join(line for line in out.splitlines() if line.startswith(("resctl:", "  ")))
+    assert "RuntimeError" in resctl_lines, out[-3000:]  # the summary names the fault ...
+    assert "excSECRET8" not in resctl_lines, resctl_lines  # ... without its secrets
+    for path in (tmp_path / "rd").rglob("*"):
+        if path.is_file() and "logs" not in path.relative_to(tmp_path / "rd").parts:  # logs/: what the script printed
+            assert "excSECRET8" not in path.read_text(errors="replace"), path
+    events = (tmp_path / "rd" / "events-rank0.jsonl").read_text()
+    assert "hub.example" in events and "<redacted>" in events

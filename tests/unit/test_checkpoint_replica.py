@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -52,7 +52,7 @@ def server(roots: tuple[Path, Path]) -> Iterator[replica.ReplicaServer]:
 
 
 def _addr(srv: replica.ReplicaServer) -> str:
-    return f"127.0.0.1:{srv.port}"
+    return srv.address("127.0.0.1")
 
 
 def _snapshots(root: Path, steps: range, rank: int = 0, events: EventLog | None = None,
@@ -92,10 +92,12 @@ def test_buddy_is_the_next_node_cyclically() -> None:
 
 
 class _Conn:
-    """A connection that replays `data` and records what is sent back."""
+    """A connection that plays `make(auth)` to the server (the request, built once the server's
+    HELLO gave this connection's nonce; `data` when given as bytes) and records what is sent back."""
 
-    def __init__(self, data: bytes) -> None:
-        self._in = io.BytesIO(data)
+    def __init__(self, data: bytes | Callable[[wire.Auth], bytes]) -> None:
+        self._make = data if callable(data) else None
+        self._in = io.BytesIO(b"" if callable(data) else data)
         self.sent = bytearray()
 
     def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
@@ -104,28 +106,44 @@ class _Conn:
         return len(chunk)
 
     def sendall(self, data: Any) -> None:
+        if self._make is not None and not self.sent:  # the HELLO: now the request can be made
+            nonce = wire.read_hello(_Conn(bytes(data)))
+            self._in = io.BytesIO(self._make(wire.Auth(SECRET, nonce)))
         self.sent += bytes(data)
 
     def settimeout(self, _t: float) -> None:
         pass
 
 
+SECRET = b"k" * 32
+
+
+def _reply(conn: _Conn) -> tuple[int, dict[str, Any]]:
+    """The server's reply (after its HELLO) on a recorded connection."""
+    c = _Conn(bytes(conn.sent))
+    return wire.read_frame(c, wire.Auth(SECRET, wire.read_hello(c)))
+
+
 @pytest.fixture(scope="module")
-def put_stream(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """The exact bytes a PUT of a real snapshot sends (frame, meta.pt, data-0.bin)."""
+def put_parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], bytes]:
+    """What a PUT of a real snapshot sends: its header, then meta.pt and data-0.bin."""
     root = tmp_path_factory.mktemp("wire")
     tier, _ = _snapshots(root, range(1, 3))
     tier.close()
     slot = _newest_slot(root)
     payload = wire.slot_payload(slot)
     assert payload is not None and payload.step == 2
-    frame = wire.encode(wire.PUT, {"job": KEY, "rank": 0, **payload.to_header()})
-    return frame + (slot / wire.META).read_bytes() + (slot / wire.DATA).read_bytes()
+    return {"job": KEY, "rank": 0, **payload.to_header()}, (slot / wire.META).read_bytes() + (slot / wire.DATA).read_bytes()
 
 
-def _serve(stream: bytes, root: Path) -> tuple[replica.ReplicaServer, _Conn]:
+def _put(parts: tuple[dict[str, Any], bytes], change: Callable[[bytes], bytes] = lambda b: b
+         ) -> Callable[[wire.Auth], bytes]:
+    return lambda auth: change(wire.encode(wire.PUT, parts[0], auth) + parts[1])
+
+
+def _serve(stream: bytes | Callable[[wire.Auth], bytes], root: Path) -> tuple[replica.ReplicaServer, _Conn]:
     srv = replica.ReplicaServer.__new__(replica.ReplicaServer)  # the request logic, without a socket
-    srv.key, srv.root, srv._locks = KEY, root, {}
+    srv.key, srv.root, srv._locks, srv.secret = KEY, root, {}, SECRET
     srv._locks_lock = threading.Lock()
     conn = _Conn(stream)
     srv.serve_one(conn)  # type: ignore[arg-type]
@@ -137,52 +155,58 @@ def _committed(root: Path) -> list[wire.Payload]:
             if (p := wire.slot_payload(s)) is not None]
 
 
-def test_an_intact_put_commits_a_byte_identical_copy(put_stream: bytes, tmp_path: Path) -> None:
-    _, conn = _serve(put_stream, tmp_path)
+def test_an_intact_put_commits_a_byte_identical_copy(put_parts: tuple[dict[str, Any], bytes], tmp_path: Path) -> None:
+    _, conn = _serve(_put(put_parts), tmp_path)
     (held,) = _committed(tmp_path)
     assert held.step == 2
-    op, reply = wire.read_frame(_Conn(bytes(conn.sent)))
+    op, reply = _reply(conn)
     assert op == wire.OK and reply == {"step": 2}
     slot = memdir.replica_dir(KEY, 0, tmp_path) / "slot-0"
-    assert put_stream.endswith((slot / wire.META).read_bytes() + (slot / wire.DATA).read_bytes())
+    assert put_parts[1] == (slot / wire.META).read_bytes() + (slot / wire.DATA).read_bytes()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=hs.floats(0, 1, exclude_max=True))
-def test_a_transfer_cut_anywhere_commits_nothing(put_stream: bytes, tmp_path_factory: pytest.TempPathFactory,
-                                                 cut: float) -> None:
+def test_a_transfer_cut_anywhere_commits_nothing_and_keeps_nothing(
+        put_parts: tuple[dict[str, Any], bytes], tmp_path_factory: pytest.TempPathFactory, cut: float) -> None:
     root = tmp_path_factory.mktemp("cut")
-    _, conn = _serve(put_stream[: int(cut * len(put_stream))], root)
+    _, conn = _serve(_put(put_parts, lambda b: b[: int(cut * len(b))]), root)
     assert _committed(root) == []
-    assert wire.read_frame(_Conn(bytes(conn.sent)))[0] == wire.ERR
+    assert _reply(conn)[0] == wire.ERR
+    assert not list(root.rglob(wire.DATA)), "a failed transfer gives back what it took"
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(where=hs.floats(0, 1, exclude_max=True), bit=hs.integers(0, 7))
-def test_a_flipped_bit_anywhere_commits_nothing(put_stream: bytes, tmp_path_factory: pytest.TempPathFactory,
-                                                where: float, bit: int) -> None:
+def test_a_flipped_bit_anywhere_commits_nothing(put_parts: tuple[dict[str, Any], bytes],
+                                                tmp_path_factory: pytest.TempPathFactory, where: float, bit: int) -> None:
     root = tmp_path_factory.mktemp("flip")
-    damaged = bytearray(put_stream)
-    damaged[int(where * len(damaged))] ^= 1 << bit
-    _serve(bytes(damaged), root)
+
+    def flip(b: bytes) -> bytes:
+        damaged = bytearray(b)
+        damaged[int(where * len(damaged))] ^= 1 << bit
+        return bytes(damaged)
+
+    _serve(_put(put_parts, flip), root)
     assert _committed(root) == []
 
 
 @given(header=hs.dictionaries(hs.text(max_size=8), hs.integers() | hs.text(max_size=20), max_size=5),
        op=hs.sampled_from(sorted(wire.OPS)))
 def test_frames_round_trip_and_any_prefix_is_refused(header: dict[str, Any], op: int) -> None:
-    frame = wire.encode(op, header)
-    assert wire.read_frame(_Conn(frame)) == (op, header)
+    auth = wire.Auth(SECRET, b"n" * wire.NONCE_BYTES)
+    frame = wire.encode(op, header, auth)
+    assert wire.read_frame(_Conn(frame), auth) == (op, header)
     for n in range(len(frame)):
         with pytest.raises(wire.WireError):
-            wire.read_frame(_Conn(frame[:n]))
+            wire.read_frame(_Conn(frame[:n]), auth)
 
 
-def test_a_frame_of_another_job_or_a_bad_rank_is_refused(put_stream: bytes, tmp_path: Path) -> None:
+def test_a_frame_of_another_job_or_a_bad_rank_is_refused(tmp_path: Path) -> None:
     for header in ({"job": "other", "rank": 0}, {"job": KEY, "rank": -1}, {"job": KEY, "rank": True}):
-        _, conn = _serve(wire.encode(wire.LIST, header), tmp_path)
-        op, reply = wire.read_frame(_Conn(bytes(conn.sent)))
-        assert op == wire.ERR and reply["error"]
+        _, conn = _serve(lambda auth, h=header: wire.encode(wire.LIST, h, auth), tmp_path)
+        op, reply = _reply(conn)
+        assert op == wire.ERR and reply["error"] and KEY not in reply["error"]
 
 
 # --- a real server on loopback ---------------------------------------------------------------------
@@ -224,14 +248,20 @@ def test_snapshots_reach_the_buddy_and_a_node_that_lost_its_memory_restores_from
     again.close()
 
 
-def test_a_resent_older_step_replaces_the_abandoned_newer_one(roots: tuple[Path, Path],
-                                                               server: replica.ReplicaServer) -> None:
+def test_an_older_step_is_refused_until_the_abandoned_newer_one_is_forgotten(roots: tuple[Path, Path],
+                                                                              server: replica.ReplicaServer) -> None:
+    """A downgrade (a replayed or stray old PUT) never drops newer copies; a job that resumed from
+    an older step FORGETs the abandoned ones first (MemoryTier.forget_newer), then sends again."""
     a, b = roots
     tier, _ = _snapshots(a, range(1, 4))
     tier.close()
     slots = sorted(memdir.rank_dir(KEY, 0, a).glob("slot-*"), key=lambda p: fmt.read_manifest(p / fmt.MANIFEST).step or 0)
     replica.put(_addr(server), KEY, 0, slots[1])  # step 3
-    replica.put(_addr(server), KEY, 0, slots[0])  # step 2: the job resumed from 1 and is at 2 again
+    with pytest.raises(wire.WireError, match="older than the copy of step 3"):
+        replica.put(_addr(server), KEY, 0, slots[0])  # step 2
+    assert sorted(p.step for p in replica.listing(_addr(server), KEY, 0)) == [3]
+    replica.forget(_addr(server), KEY, 0, newer_than=1)  # the job resumed from 1 and is at 2 again
+    replica.put(_addr(server), KEY, 0, slots[0])
     assert sorted(p.step for p in replica.listing(_addr(server), KEY, 0)) == [2]
 
 
@@ -390,7 +420,7 @@ def test_a_full_shm_on_the_buddy_refuses_the_copy_and_the_sender_says_so_once(ro
         try:
             ev = tmp_path / "ev"
             tier, _ = _snapshots(roots[0], range(1, 4), events=EventLog(ev, rank=0), addr=_addr(srv))
-            with pytest.raises(wire.WireError, match="No space left"):
+            with pytest.raises(wire.WireError, match="no room for"):  # refused before anything is allocated
                 replica.put(_addr(srv), KEY, 0, _newest_slot(roots[0]))
             tier.close()
             assert _committed(tiny) == []

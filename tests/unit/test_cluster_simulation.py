@@ -74,7 +74,8 @@ class Pod:
 def downward(env_list: list[dict[str, Any]], job: str) -> dict[str, str]:
     fields = {"metadata.namespace": NAMESPACE,
               "metadata.labels['batch.kubernetes.io/controller-uid']": JOB_UID,
-              "metadata.labels['batch.kubernetes.io/job-name']": job}
+              "metadata.labels['batch.kubernetes.io/job-name']": job,
+              "spec.nodeName": "ip-10-1-0-7.us-west-2.compute.internal"}
     out = {}
     for item in env_list:
         if "value" in item:
@@ -270,3 +271,72 @@ def test_doctor_at_index_1_waits_for_pod_0_to_be_published(tmp_path: Path, in_po
         publish.cancel()
     rdzv = next(c for p in report["probes"] for c in p["checks"] if c["name"] == "rendezvous")
     assert rdzv["status"] == "PASS" and "after" in rdzv["message"] and rdzv["measured"] == address
+
+
+def _apply_json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The API server's JSON patch (RFC 6902) for the ops resctl sends: test and add."""
+    import copy
+
+    out = copy.deepcopy(doc)
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = out
+        for p in parents:
+            target = target.setdefault(p, {})
+        if op["op"] == "test":
+            assert target.get(last) == op["value"], "the node changed since it was read: the patch is refused"
+        else:
+            target[last] = op["value"]
+    return out
+
+
+def _schedulable(pod: dict[str, Any], node: dict[str, Any]) -> bool:
+    """The scheduler's two filters that matter here: required node affinity, and NoSchedule taints."""
+    labels = node["metadata"].get("labels") or {}
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+    def matches(expr: dict[str, Any]) -> bool:
+        have = labels.get(expr["key"])
+        return have not in expr["values"] if expr["operator"] == "NotIn" else have in expr["values"]
+
+    if not any(all(matches(e) for e in term["matchExpressions"]) for term in terms):
+        return False
+    tolerated = [t for t in pod.get("tolerations", [])]
+    for taint in node["spec"].get("taints") or []:
+        if taint["effect"] == "NoSchedule" and not any(
+                t["key"] == taint["key"] and (t.get("operator") == "Exists" or t.get("value") == taint.get("value"))
+                for t in tolerated):
+            return False
+    return True
+
+
+def test_a_node_kept_out_is_labelled_tainted_and_avoided_by_the_next_pod(tmp_path: Path) -> None:
+    """health.keep_out on Kubernetes: the patch resctl sends to a bad node, applied as the API server would,
+    keeps the kit's next pod off it; a healthy node (or the same node before) still takes the pod. The pod
+    runs as the ServiceAccount the kit's ClusterRole lets get and patch nodes."""
+    from resctl.health.placement import LABEL, TAINT, node_patch
+
+    cluster = Cluster(2, tmp_path)
+    pod = cluster.spec
+    node = {"metadata": {"name": "ip-10-1-0-7", "resourceVersion": "42",
+                         "labels": {"node.kubernetes.io/instance-type": "p5.48xlarge"}},
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}}
+    assert _schedulable(pod, node)
+    bad = _apply_json_patch(node, node_patch(node, "preflight: slow: links 0.02 GB/s vs the others' 0.2"))
+    assert bad["metadata"]["labels"][LABEL] == "bad"
+    assert bad["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "p5.48xlarge", "other labels kept"
+    assert {t["key"] for t in bad["spec"]["taints"]} == {"nvidia.com/gpu", TAINT}, "other taints kept"
+    assert not _schedulable(pod, bad)
+    without_label = {**bad, "metadata": {**bad["metadata"], "labels": {}}}
+    assert not _schedulable(pod, without_label), "the taint alone keeps the pod off too"
+    with pytest.raises(AssertionError, match="changed since"):
+        _apply_json_patch({**node, "metadata": {**node["metadata"], "resourceVersion": "43"}}, node_patch(node, "x"))
+    # Its ServiceAccount may do it: the kit's ClusterRole, bound to the pod's ServiceAccount.
+    from tests.unit.test_deploy_kit import render
+
+    sa, role, binding = render("health-rbac.yaml", NODES="2")
+    assert pod["serviceAccountName"] == sa["metadata"]["name"] == binding["subjects"][0]["name"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert {"get", "patch"} <= set(role["rules"][0]["verbs"]) and role["rules"][0]["resources"] == ["nodes"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"

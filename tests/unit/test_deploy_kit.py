@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 KIT = REPO / "examples" / "kubernetes"
 SLURM = REPO / "examples" / "slurm"
 PROFILES = REPO / "examples" / "profiles"
-MANIFESTS = ["headless-service.yaml", "fsx-storage.yaml", "profile-configmap.yaml", "job.yaml"]
+MANIFESTS = ["headless-service.yaml", "fsx-storage.yaml", "profile-configmap.yaml", "job.yaml", "health-rbac.yaml"]
 DCGM_EXPORTER_PORT = 9400
 
 

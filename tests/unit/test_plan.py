@@ -152,11 +152,13 @@ def test_resctl_run_serves_the_replica_and_tells_the_workers_where(monkeypatch: 
     server = serve_replica(p, env, lambda _line: None)
     assert server is not None
     try:
-        host, port = replica.parse_addr(env[replica.ADDR_ENV])
-        assert (host, port) == ("127.0.0.1", server.port)
+        host, port, secret = replica.parse_addr(env[replica.ADDR_ENV])
+        assert (host, port, secret) == ("127.0.0.1", server.port, server.secret) and len(secret) == 32
         assert replica.listing(env[replica.ADDR_ENV], server.key, 0) == []
         with pytest.raises(replica_wire.WireError, match="not this server's job"):
-            replica.listing(f"127.0.0.1:{port}", "another-job", 0)
+            replica.listing(env[replica.ADDR_ENV], "another-job", 0)
+        with pytest.raises(replica_wire.WireError, match="not authenticated"):  # without its secret
+            replica.listing(f"127.0.0.1:{port}", server.key, 0)
     finally:
         server.close()
     assert serve_replica(make(None, "0.4.1"), env, lambda _line: None) is None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from resctl.redact import MASK, redact_argv, redact_env, redact_rdzv_conf, redact_text, secret_name
 
@@ -75,3 +77,47 @@ def test_launcher_log_records_lose_rdzv_secrets_and_stop_tracebacks() -> None:
     except KeyError:
         bug = logging.LogRecord("ft", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
     assert scrub(bug).exc_info is not None
+
+
+# Issue 27, item 7: secret names inside one word, and secrets in URL paths and query strings.
+@pytest.mark.parametrize("name", ["MYTOKEN", "appsecret", "DBPASSWORD", "HUBTOKEN2"])
+def test_secret_names_inside_one_word(name: str) -> None:
+    assert secret_name(name)
+
+
+@pytest.mark.parametrize("url", [
+    "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct", "s3://bucket/ckpt/123e4567-e89b-12d3-a456-426614174000/",
+    "file:///data/step-000000010/a.bin", "https://host/x?page=2&limit=10", "KeyError: 'model'",
+])
+def test_names_in_urls_are_not_secrets(url: str) -> None:
+    assert redact_text(url) == url
+
+
+_SECRET = st.text(alphabet="abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789", min_size=16, max_size=40).filter(
+    lambda s: any(c.islower() for c in s) and any(c.isupper() for c in s) and any(c.isdigit() for c in s))
+_FORMS = ["https://user:{s}@host.example/x", "https://host.example/x?token={s}&page=2",
+          "https://hooks.example/services/T0/B0/{s}", "https://s3.example/b/k?X-Amz-Signature={s}",
+          "https://api.example/v1?key={s}", "hf_{s}", "https://{s}@github.com/o/r"]
+
+
+@given(secret=_SECRET, form=st.sampled_from(_FORMS), before=st.sampled_from(["", "RuntimeError: cannot fetch ", "("]),
+       after=st.sampled_from(["", " (HTTP 401)", ")", "\n  File \"x.py\", line 1"]))
+def test_a_secret_in_an_exception_text_is_masked(secret: str, form: str, before: str, after: str) -> None:
+    text = before + form.format(s=secret) + after
+    shown = redact_text(text)
+    assert secret not in shown and MASK in shown
+
+
+def test_launcher_log_records_lose_secrets_in_messages_and_tracebacks() -> None:
+    import logging
+    import sys
+
+    from resctl.launch.launcher_logs import scrub
+
+    try:
+        raise RuntimeError("GET https://u:logSECRET1@h/x?token=logSECRET2")
+    except RuntimeError:
+        exc_info = sys.exc_info()
+    record = scrub(logging.LogRecord("x", logging.ERROR, __file__, 1, "worker failed: %s", (exc_info[1],), exc_info))
+    shown = logging.Formatter().format(record)
+    assert "logSECRET" not in shown and "worker failed" in shown and "RuntimeError" in shown

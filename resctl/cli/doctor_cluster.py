@@ -1,0 +1,92 @@
+"""`resctl doctor --cluster` and `launch.preflight = "cluster"`: run the cluster preflight, render its verdict."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from resctl.health.preflight import Verdict
+
+STYLE = {"ok": "green", "slow": "yellow", "broken": "bold red"}
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render(console: Any, verdict: Verdict, rank: int | None) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    if verdict.nodes:
+        table = Table("node", "host", "matmul GFLOP/s", "links GB/s (median)", "latency ms (worst)", "status", "why",
+                      title=f"cluster preflight ({verdict.backend or '?'}, {len(verdict.members)} node(s))",
+                      title_justify="left")
+        for n in verdict.nodes:
+            me = " (this node)" if n["rank"] == rank else ""
+            table.add_row(f"{n['rank']}{me}", n["host"], _num(n["gflops"], ".4g"), _num(n["link_gbps"], ".3g"),
+                          _num(n["latency_ms"], ".3g"), Text(n["status"], style=STYLE.get(n["status"], "")), n["why"])
+        console.print(table)
+    together = (f"; all together: {_num(verdict.all_gbps, '.3g')} GB/s, {_num(verdict.all_latency_ms, '.3g')} ms"
+                if verdict.all_gbps is not None else "")
+    text = f"resctl: cluster preflight: {verdict.action} in {verdict.seconds:.1f} s{together}"
+    console.print(Text(text + (f"; {verdict.message}" if verdict.message else ""),
+                       style="bold red" if verdict.action == "fail" else ""))
+
+
+def preflight(resolved: Any, rdzv: Any, run_dir: Any = None) -> tuple[int | None, Verdict]:
+    """Run this node's part; with health.keep_out, the host node then keeps the bad nodes out (said on stderr)."""
+    from resctl.cli.render import err_console
+    from resctl.health import cluster
+
+    cfg = cluster.config_for(resolved.profile, rdzv)
+    rank, verdict = cluster.run(cfg)
+    for line in cluster.keep_out(cfg, verdict, resolved.profile.health.keep_out, run_dir):
+        err_console.print(f"resctl: {line}", markup=False, highlight=False)
+    return rank, verdict
+
+
+def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
+    """`resctl run` with launch.preflight = "cluster": None to go on (the plan's --nnodes set to the nodes left
+    when some were excluded), else the exit code (1: failed, 94: this node left out)."""
+    from resctl.cli.render import err_console
+    from resctl.errors import EXIT_EXCLUDED, EXIT_FAILURE
+
+    try:
+        launch_plan.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # for bad-nodes.jsonl
+        run_dir = launch_plan.run_dir
+    except OSError:
+        run_dir = None  # said again, with its fix, when the launch writes its files
+    rank, verdict = preflight(resolved, launch_plan.rendezvous, run_dir)
+    render(err_console, verdict, rank)
+    if verdict.action == "fail":
+        return EXIT_FAILURE
+    if verdict.action == "exclude":
+        if rank in verdict.excluded:
+            err_console.print(f"resctl: this node ({rank}) is left out by the cluster preflight "
+                              f"(health.preflight_policy = exclude); exit {EXIT_EXCLUDED}")
+            return EXIT_EXCLUDED
+        left = len([r for r in verdict.members if r not in verdict.excluded])
+        i = launch_plan.args.index("--nnodes")
+        launch_plan.args[i + 1] = str(left)  # the rendezvous waits for no one who has left
+    return None
+
+
+def doctor_cluster(resolved: Any, as_json: bool) -> int:
+    """`resctl doctor --cluster`: 0 when every node is ok, else 1."""
+    import os
+    import socket
+
+    import typer
+
+    from resctl.cli.render import err_console
+    from resctl.launch import rendezvous
+
+    rdzv = rendezvous.detect(resolved.profile.launch, os.environ, socket.gethostname())
+    rank, verdict = preflight(resolved, rdzv)
+    if as_json:
+        typer.echo(json.dumps({"rank": rank, **verdict.to_json()}, indent=2))
+    else:
+        render(err_console, verdict, rank)
+    bad = verdict.action == "fail" or any(n["status"] != "ok" for n in verdict.nodes)
+    return 1 if bad else 0

@@ -1,0 +1,1 @@
+"""Cluster health that acts: no-progress stop, stragglers, cluster preflight, placement (docs/recovery.md)."""

@@ -1,0 +1,90 @@
+"""Rollbacks of the memory tier under kill -9 at random moments (issue 27, item 4).
+
+With `checkpoint.memory_every = 1` a kill mid-snapshot used to leave no step that both ranks held
+(rank 0 {22, 23}, rank 1 {21}: commits finish on each rank's own time), and a kill right after one
+rank finished cleanly found that rank's snapshots deleted; both resumed from step 0. Now no rank
+starts a step before its previous snapshot is committed (memory.MemoryTier._gate_next_forward), and
+snapshots stay until the job as a whole is done. bench/bench_memory_rollback.py runs 100 kills.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from resctl.checkpoint import memdir
+from resctl.telemetry.events import read_events
+from resctl.telemetry.goodput import analyze
+from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, start, wait_for
+
+STEPS = 400
+
+
+def job(tmp: Path, name: str, steps: int = STEPS) -> list[str]:
+    args = ["-p", str(LOCAL_PROFILE), "--nproc-per-node", "2", "--run-dir", str(tmp / name)]
+    for item in (f"checkpoint.dir={tmp / (name + '-ckpt')}", "checkpoint.interval_steps=100000",
+                 "checkpoint.memory_every=1", "heartbeat.timeout=20s", "launch.max_restarts=20"):
+        args += ["--set", item]
+    return [*args, str(EXAMPLES / "train_ckpt.py"), "--steps", str(steps), "--step-time", "0.01", "--width", "64"]
+
+
+def kill_randomly(run_dir: Path, proc: object, kills: int, rng: random.Random) -> None:
+    """`kills` times: once the current cycle trained a few steps, SIGKILL a random rank at a random moment."""
+    for cycle in range(kills):
+        def trained(c: int = cycle) -> bool:
+            ev = [e for e in events(run_dir) if e["cycle"] == c]
+            return sum(e["kind"] == "step" for e in ev) >= 6 and {e["rank"] for e in ev if e["kind"] == "start"} == {0, 1}
+
+        wait_for(trained, 240, f"cycle {cycle} to train", proc)  # type: ignore[arg-type]
+        time.sleep(rng.uniform(0, 0.3))
+        rank = rng.randrange(2)
+        pid = next(e["pid"] for e in events(run_dir) if e["kind"] == "start" and e["cycle"] == cycle and e["rank"] == rank)
+        os.kill(pid, signal.SIGKILL)
+
+
+def recoveries(run_dir: Path) -> list[tuple[int, int, str | None]]:
+    return [(r.last_step, r.rollback_steps, r.tier) for r in analyze(read_events(run_dir)).recoveries]
+
+
+@pytest.mark.slow
+def test_random_kills_roll_back_at_most_memory_every_steps(tmp_path: Path) -> None:
+    run_dir = tmp_path / "kills"
+    proc = start(job(tmp_path, "kills"), cwd=tmp_path)
+    kill_randomly(run_dir, proc, 4, random.Random(27))
+    code, out = finish(proc, timeout=600)
+    assert code == 0, out[-3000:]
+    found = recoveries(run_dir)
+    assert len(found) == 4, found
+    assert all(rollback <= 1 and tier == "memory" for _, rollback, tier in found), found
+
+
+def test_a_rank_that_finished_cleanly_keeps_its_snapshots_under_resctl_run(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other rank may still be killed: its restart needs this rank's state (the launcher's
+    backstop removes it when the job is over). Without `resctl run` nobody else would: removed."""
+    from resctl.checkpoint.engine import Checkpointer
+    from resctl.profile.schema import Profile
+    from resctl.shim.runtime import Shim
+    from tests.unit.test_checkpoint import _training
+
+    monkeypatch.setenv(memdir.SHM_ENV, str(tmp_path / "shm"))
+    for launch, kept in (("p1-00ff", True), ("", False)):
+        if launch:
+            monkeypatch.setenv(memdir.LAUNCH_ENV, launch)
+        else:
+            monkeypatch.delenv(memdir.LAUNCH_ENV, raising=False)
+        shim = Shim(Profile(), None, env={"RANK": "0", "WORLD_SIZE": "1"})
+        shim.checkpointer = Checkpointer(dir=tmp_path / f"ck{launch}", interval_steps=100, memory_every=1,
+                                         run_id="r", async_=False)
+        for step, state in _training(range(1, 4)):
+            shim.checkpointer.maybe_save(state, step)
+        shim.checkpointer.wait()
+        rank = memdir.rank_dir(memdir.job_key("r", ""), 0)
+        assert rank.is_dir()
+        shim.finish("ok")
+        assert rank.is_dir() == kept, (launch, list(rank.parent.iterdir()) if rank.parent.exists() else None)

@@ -1,0 +1,84 @@
+"""The restart-stop marker under attack by another local user (issue 27, item 1): a planted marker
+must not turn a real SIGTERM into a restart stop (no final save), and the launcher must write
+through no link another user planted."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from resctl.launch import stop
+from tests.attacker import User, as_user, attacker  # noqa: F401 - the fixture
+
+SHM = Path("/dev/shm")
+pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm")
+
+
+def test_planted_marker_and_link_at_the_old_names_have_no_effect(attacker: User, tmp_path: Path) -> None:  # noqa: F811
+    launcher_pid, worker = 4_000_000 + os.getpid() % 100_000, os.getpid()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    old = SHM / f"resctl-stop-{launcher_pid}"
+
+    def plant() -> None:
+        old.write_text(f"{worker} 1 2 3")
+        (SHM / f"resctl-stop-{launcher_pid}.tmp").symlink_to(victim)
+
+    try:
+        as_user(attacker, plant)
+        marker = stop.file_for(launcher_pid)
+        assert marker.parent != SHM and marker.parent.name.startswith(f"resctl-stop-{launcher_pid}-")
+        info = marker.parent.lstat()
+        assert info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) == 0o700
+        env = {stop.ENV: str(marker)}
+        assert not stop.is_restart_stop(env, worker), "nothing marked yet: a SIGTERM is a job stop"
+        stop.mark_restart(marker, [worker])
+        assert stop.is_restart_stop(env, worker)
+        assert victim.read_text() == "precious"
+        assert stat.S_IMODE(marker.stat().st_mode) == 0o600
+        stop.remove(marker)
+        assert not marker.parent.exists()
+    finally:
+        for name in (old, SHM / f"resctl-stop-{launcher_pid}.tmp"):
+            name.unlink(missing_ok=True)
+
+
+def test_the_private_directory_refuses_another_user(attacker: User) -> None:  # noqa: F811
+    marker = stop.file_for(os.getpid())
+    try:
+        def plant_link() -> None:
+            with pytest.raises(PermissionError):
+                (marker.parent / "marker.tmp").symlink_to("/etc/passwd")
+            with pytest.raises(PermissionError):
+                marker.write_text(str(os.getppid()))
+
+        as_user(attacker, plant_link)
+    finally:
+        stop.remove(marker)
+
+
+def test_a_marker_of_another_user_or_behind_a_link_is_not_believed(attacker: User, tmp_path: Path) -> None:  # noqa: F811
+    me = os.getpid()
+    theirs = SHM / f"resctl-attack-{me}"
+
+    def plant() -> None:
+        theirs.mkdir(mode=0o700)
+        (theirs / "marker").write_text(str(me))
+        theirs.chmod(0o777)
+
+    try:
+        as_user(attacker, plant)
+        assert not stop.is_restart_stop({stop.ENV: str(theirs / "marker")}, me), "another user's marker"
+        mine = stop.file_for(me)
+        (tmp_path / "real").write_text(str(me))
+        mine.symlink_to(tmp_path / "real")
+        assert not stop.is_restart_stop({stop.ENV: str(mine)}, me), "a marker behind a link"
+        stop.remove(mine)
+    finally:
+        for p in theirs.glob("*"):
+            p.unlink()
+        if theirs.exists():
+            theirs.rmdir()
