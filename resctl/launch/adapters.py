@@ -14,6 +14,10 @@ torch, and the launcher's slow paths, are bridged without forking NVRx. Every ch
   or gloo collective never runs a Python SIGTERM handler, so every restart paid the full wait. Both
   paths now first name the stopped PIDs in the restart-stop marker (`resctl.launch.stop`), so the
   shim leaves at once instead of saving, and both wait at most `--workers-stop-timeout`.
+- **Done when exited.** A forked worker that exits 0 without a return value (`sys.exit()`,
+  `os._exit(0)`) is done; torch waited for its value forever (`_done_when_exited`).
+- **torchrun's master address.** `--master-addr`/`--master-port` reach the workers as MASTER_ADDR and
+  MASTER_PORT, as torchrun's static rendezvous gives them (`_torchrun_master`).
 - **Titles.** The launcher, each worker and each rank monitor name themselves (`resctl.launch.titles`).
 - **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
   default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
@@ -127,7 +131,11 @@ def _quick_restart_stops(patches: Patches) -> None:
         limit = _Agent.stop_timeout()
         if limit is not None and self.sentinels:
             ready = multiprocessing.connection.wait(list(self.sentinels), timeout=0)
-            if any(self.processes[self.sentinels[s]].exitcode not in (0, None) for s in ready):
+            failed = [s for s in ready if self.processes[self.sentinels[s]].exitcode not in (0, None)]
+            if failed:
+                # The failed worker first: torch reports the first failed sentinel it finds, and the
+                # survivors signalled below end at once too (a rank that failed must not be blamed on them).
+                self.sentinels = {s: self.sentinels[s] for s in sorted(self.sentinels, key=lambda s: s not in failed)}
                 survivors = [p for p in self.processes if p.is_alive()]
                 stop.mark_restart(_stop_file(), (p.pid for p in survivors))
                 for proc in survivors:
@@ -164,6 +172,69 @@ def _quick_restart_stops(patches: Patches) -> None:
 
     patches.set(agent_cls, "_stop_workers", marked_stop_workers)
     patches.set(agent_cls, "_start_workers", tracked_start_workers)
+
+
+def _done_when_exited(patches: Patches) -> None:
+    """A forked worker is done when it exits with 0, with or without a return value.
+
+    torch's `MultiprocessContext` counts a worker as done only when it has posted its function's
+    return value; a worker that ends by `sys.exit()`, `os._exit(0)` or a KeyboardInterrupt swallowed
+    by torch's spawn wrapper exits 0 without one, and the launcher waited for it forever. Once every
+    worker has either posted or exited 0, the others are released and awaited here, so the
+    context's own join finds them all gone (NVRx 0.4's copy joins only one more)."""
+    import importlib
+
+    for module in ("nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing.api",
+                   "torch.distributed.elastic.multiprocessing.api"):
+        try:
+            cls = importlib.import_module(module).MultiprocessContext
+        except (ImportError, AttributeError):
+            continue
+        patches.set(cls, "_poll", _polling_exits(cls._poll))
+
+
+def _polling_exits(poll: Any) -> Any:
+    def poll_exits(self: Any) -> Any:
+        pcontext = self._pc
+        if pcontext is not None:
+            for local_rank, proc in enumerate(pcontext.processes):
+                # Exit code first: a worker that exited can post nothing more.
+                if local_rank not in self._return_values and proc.exitcode == 0:
+                    queue = self._ret_vals[local_rank]
+                    self._return_values[local_rank] = None if queue.empty() else queue.get()
+            if self._is_done():
+                self._worker_finished_event.set()
+                for proc in pcontext.processes:
+                    proc.join()
+        return poll(self)
+
+    return poll_exits
+
+
+MASTER_ADDR_ENV, MASTER_PORT_ENV = "RESCTL_MASTER_ADDR", "RESCTL_MASTER_PORT"
+
+
+def _torchrun_master(patches: Patches) -> None:
+    """Workers get the `--master-addr`/`--master-port` the user gave, as torchrun's do.
+
+    torchrun's static rendezvous hands them to the workers as MASTER_ADDR/MASTER_PORT; NVRx's c10d
+    rendezvous ignores both and gives the workers a free port, so a script that builds its process
+    group on that port (`init_method="tcp://host:PORT"`, PyTorch's own launcher tests) did not meet
+    the others there. The plan names them in RESCTL_MASTER_ADDR/PORT (`resctl.launch.plan`); the
+    rendezvous itself runs on another port (`resctl.launch.rendezvous`)."""
+    addr, port = os.environ.get(MASTER_ADDR_ENV), os.environ.get(MASTER_PORT_ENV)
+    if not addr and not port:
+        return
+    try:  # NVRx 0.4/0.5 carry their own copy of torch elastic; 0.6+ use torch's
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
+    except ImportError:
+        from torch.distributed.elastic.agent.server import api  # type: ignore[no-redef]
+    original = api.SimpleElasticAgent._set_master_addr_port
+
+    def set_master_addr_port(store: Any, master_addr: Any, master_port: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(store, addr or master_addr, int(port) if port else master_port, *args, **kwargs)
+
+    patches.set(api.SimpleElasticAgent, "_set_master_addr_port", staticmethod(set_master_addr_port))
 
 
 class _WakeOnWorkerExit:
@@ -366,8 +437,8 @@ def _child_of_launcher() -> None:
     if os.getppid() != _LAUNCHER_PID[0]:
         return  # a fork inside a worker (the hook is inherited): NVRx's monitor setsid()s, DataLoader workers...
     undo_adapters()
-    try:
-        os.setpgid(0, 0)
+    try:  # not a session of its own, as torchrun's (start_new_session): measured, a new session per
+        os.setpgid(0, 0)  # worker made an in-job restart ~0.15 s slower on a loaded 2-core VM (autogroups)
     except OSError:
         pass
     _die_with_parent(signal.SIGTERM)
@@ -387,6 +458,8 @@ def apply_adapters() -> list[str]:
     if PATCHES:
         return []
     _bridge_versions(PATCHES)
+    _done_when_exited(PATCHES)
+    _torchrun_master(PATCHES)
     if stop.ENV in os.environ:  # the quick stops need the marker file main() set up
         _quick_restart_stops(PATCHES)
     _wake_on_worker_exit(PATCHES)

@@ -151,10 +151,12 @@ def exit_code(code: int, received: Sequence[int]) -> int:
     """What `resctl run` exits with: the launcher's code, or 128+N when signal N stopped the job.
 
     ft_launcher itself exits 1 after a SIGTERM; Kubernetes, Slurm and shells expect 143 (128+15),
-    also when the launcher had to be killed after `launch.term_timeout`.
+    also when the launcher had to be killed after `launch.term_timeout`. A stopped job never reports
+    success, even when its workers exited 0 (torchrun exits 1 then): an Indexed Job must not count a
+    preempted index as completed.
     """
     stops = [s for s in received if s in (signal.SIGTERM, signal.SIGINT)]
-    if code != 0 and stops:
+    if stops:
         return 128 + int(stops[0])
     if code < 0:  # the launcher itself died of a signal: report it the way a shell would
         return 128 - code

@@ -28,6 +28,8 @@ PLAN_FILE = "plan.json"
 FT_CONFIG_FILE = "ft_config.yaml"
 ENV_HELD = "<in the environment>"  # what plan.json keeps of a [launch.env] value: the name, never the value
 # What NVIDIA documents for in-process restart; set only where the user has not.
+ADDED_ENV = "RESCTL_ADDED_ENV"  # variables the plan set for the launcher only: comma list, unset in forked workers
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's --signals-to-handle, in its workers' environment
 INPROCESS_ENV = {"TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0", "TORCH_CPP_LOG_LEVEL": "error"}
 
 
@@ -259,7 +261,18 @@ def plan(
         env["GROUP_RANK"] = str(node_rank)  # 0.6+'s barrier rendezvous orders nodes by it
     if fork_workers:
         env["RESCTL_PRELOAD"] = "1"
-        env.setdefault("PYTHONUNBUFFERED", "1")  # what `python -u` gives exec'd workers
+        if "PYTHONUNBUFFERED" not in user_env:  # what `python -u` gives exec'd workers, less the variable
+            env["PYTHONUNBUFFERED"] = "1"
+            env[ADDED_ENV] = "PYTHONUNBUFFERED"  # a forked worker drops it again (shim/forked.py)
+    # torchrun's worker environment, where NVRx's differs (adapters._torchrun_master for the master port).
+    if launch.master_addr:
+        env["RESCTL_MASTER_ADDR"] = launch.master_addr
+    elif rendezvous.standalone:
+        env["RESCTL_MASTER_ADDR"] = "127.0.0.1"  # torchrun's default; ft_launcher would give this host's FQDN
+    if launch.master_port is not None:
+        env["RESCTL_MASTER_PORT"] = str(launch.master_port)
+    if "TORCHELASTIC_SIGNALS_TO_HANDLE" not in user_env:
+        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = TORCHRUN_SIGNALS
     env["RESCTL_RUN_DIR"] = str(run_dir)
     env["RESCTL_PLAN"] = str(run_dir / PLAN_FILE)
     env.update(inprocess_env(p, {**user_env, **env}))

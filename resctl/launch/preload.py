@@ -5,7 +5,9 @@ monitor loop). Used by `resctl.launch.ft_entry` (with `RESCTL_PRELOAD=1`: forked
 from __future__ import annotations
 
 import os
-from typing import Any
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 # Imported once in the launcher when workers are forked from it, so no worker pays for them again:
 # what every worker imports (torch, the shim), before the first workers start. What a script may
@@ -59,18 +61,70 @@ class LatePreload:
             _import(LATE_PRELOAD)
 
 
+ExitHandler = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+class ExitHandlers:
+    """The atexit handlers that modules register when the launcher imports them for the workers
+    (logging's flush, torch's DataLoader exit flag, ...). A forked worker drops the launcher's exit
+    handlers and registers these again (`resctl.shim.forked`): a new interpreter importing the same
+    modules would have them, and nothing of the launcher's."""
+
+    recorded: list[ExitHandler] = []
+
+    @classmethod
+    @contextmanager
+    def recording(cls) -> Iterator[None]:
+        """Record what this thread registers meanwhile (another thread's registrations are not imports)."""
+        import atexit
+
+        real, me = atexit.register, threading.get_ident()
+
+        def register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == me:
+                cls.recorded.append((func, args, kwargs))
+            return real(func, *args, **kwargs)
+
+        atexit.register = register  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            atexit.register = real  # type: ignore[assignment]
+
+    @classmethod
+    def at_import(cls) -> list[ExitHandler]:
+        """What a new interpreter would have registered, in order: the standard library's handlers of
+        modules loaded before the recording started, then the recorded ones."""
+        import sys
+        import weakref
+
+        found: list[ExitHandler] = []
+        logging, mp_util = sys.modules.get("logging"), sys.modules.get("multiprocessing.util")
+        for func in (getattr(logging, "shutdown", None), getattr(mp_util, "_exit_function", None)):
+            if func is not None and all(func is not f for f, _, _ in cls.recorded):
+                found.append((func, (), {}))
+        found.extend(cls.recorded)
+        exitfunc = weakref.finalize._exitfunc  # type: ignore[attr-defined]
+        if getattr(weakref.finalize, "_registered_with_atexit", False) and all(
+                getattr(f, "__func__", f) is not getattr(exitfunc, "__func__", exitfunc) for f, _, _ in found):
+            found.append((exitfunc, (), {}))  # a worker's finalizers would not register it again
+        return found
+
+
 def _import(names: tuple[str, ...]) -> None:
     import importlib
 
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a worker that needs it imports it (and reports) itself
-            continue
+    with ExitHandlers.recording():
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a worker that needs it imports it (and reports) itself
+                continue
 
 
 def preload() -> None:
     import importlib
 
-    for name in PRELOAD:
-        importlib.import_module(name)
+    with ExitHandlers.recording():
+        for name in PRELOAD:
+            importlib.import_module(name)

@@ -125,6 +125,10 @@ def detect(
 # --- explicit and standalone ------------------------------------------------------------------
 
 
+def _beside(port: int) -> int:
+    return port + 1 if port < 65535 else port - 1
+
+
 def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Callable[[], str]) -> Rendezvous:
     # The schema has already refused conflicting settings (standalone with an endpoint, two hosts, port 0
     # across nodes): `profile validate` and `run` share those rules.
@@ -134,8 +138,11 @@ def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Cal
         host, port = _split_endpoint(launch.rdzv_endpoint.strip(), launch.rdzv_port, "launch.rdzv_endpoint")
         why = f"launch.rdzv_endpoint = {launch.rdzv_endpoint}"
     else:
-        host, port = launch.master_addr, launch.master_port or launch.rdzv_port
-        why = f"launch.master_addr = {launch.master_addr}, port {port}"
+        # The master port is the workers' MASTER_PORT, as under torchrun (launch.adapters): the
+        # rendezvous takes the next one.
+        host, port = launch.master_addr, _beside(launch.master_port) if launch.master_port else launch.rdzv_port
+        why = f"launch.master_addr = {launch.master_addr}, port {port}" + (
+            f" (launch.master_port + 1: {launch.master_port} is the workers' MASTER_PORT)" if launch.master_port else "")
     endpoint = _join_endpoint(host, port)
     notes = [f"explicit endpoint {endpoint} ({why})"]
     run_id = _profile_run_id(launch)

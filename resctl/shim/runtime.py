@@ -12,8 +12,9 @@ What it does in each worker, in order:
 5. configures `resctl.checkpoint` from the profile (and `intercept_torch_save`);
 6. runs the script as `__main__` (runpy), inside NVRx `inprocess.Wrapper` when enabled.
 
-Multiprocessing children started with spawn (NVRx's persistent checkpoint writer, for one)
-do not re-import the user's script: it would run the training a second time.
+The worker ends as `python script.py` would (`resctl.shim.ending`); a forked worker first gets
+a new interpreter's state back (`resctl.shim.forked`). Children started with spawn or
+forkserver re-import the script as `__mp_main__`, as under torchrun (so they find its functions).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from resctl.checkpoint import memdir
 from resctl.drills import KINDS, FaultKind
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
-from resctl.shim import fork_env, snapshots
+from resctl.shim import ending, fork_env, forked, snapshots
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
 from resctl.shim.stopstep import ANY_STEP, StopStep, StopStepUnavailable, open_for_default_group
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # the engine imports torch; the shim loads it in _configure_c
     from resctl.checkpoint.engine import Checkpointer
 
 EXIT_SIGTERM = 143
+OUTLAST = 10.0  # seconds rank 0 (the store's host) waits at a clean end for the other ranks to close
 PING_EVERY = 0.1  # seconds between progress pings to the in-process wrapper (rate limit)
 BEAT_EVERY = 1.0  # seconds between step heartbeats at most (rate limit); less for short timeouts
 
@@ -366,6 +368,8 @@ class Shim:
         self.events.emit("end", status=status, step=self.step)
         if self.stop_step is not None and status != "sigterm":  # a stopping rank's wait has ended already
             self.stop_step.close()
+            if status == "ok":
+                self.stop_step.outlast(OUTLAST)  # rank 0 hosts the store the others still wait on
         self.heartbeats.close()
         if self.checkpointer is not None:
             self.checkpointer.drop_recycled()  # no write of this process will reuse it
@@ -408,7 +412,6 @@ class Shim:
         self.sigterm_watcher.install(self.patches)
         if not (self.checkpointer is not None and self.profile.checkpoint.save_on_sigterm):
             self.sigterm_watcher.stop_if_asked()  # no final save to make: a handed-over stop leaves now
-        _keep_spawn_children_off_main(self.patches)
 
     def open_stop_step(self) -> None:
         """A new process group: agree on stop steps through its store (the old group's is closed)."""
@@ -489,22 +492,14 @@ DRILL_ACTIONS: dict[FaultKind, Callable[[Shim, int], None]] = {
 assert set(DRILL_ACTIONS) == set(KINDS), "every drill in resctl.drills needs an action here"
 
 
-def _keep_spawn_children_off_main(patches: Patches) -> None:
-    """Spawned children must not re-import the user's script as __mp_main__ (it would train twice)."""
-    import multiprocessing.spawn as mp_spawn
-
-    original: Callable[..., dict[str, Any]] = mp_spawn.get_preparation_data
-
-    def get_preparation_data(name: str) -> dict[str, Any]:
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    patches.set(mp_spawn, "get_preparation_data", get_preparation_data)
-
-
 def main(argv: list[str]) -> int:
+    """Run the script in this worker; returns its exit status (a forked worker that did not end
+    cleanly leaves the process here instead, `resctl.shim.ending`)."""
+    forked_worker = forked.is_forked_worker()
+    if forked_worker:
+        forked.reset()  # what a new interpreter would have: logging, signals, atexit, RNGs, stdin
+    else:
+        forked.fresh_faulthandler()  # the shim's imports must not leave it on either
     fork_env.apply()  # a worker forked from the launcher: what torchrun's environment would give
     _die_with_launcher()
     target = parse_argv(argv)
@@ -520,31 +515,40 @@ def main(argv: list[str]) -> int:
     if profile.faults.schedule and shim.rank == 0:
         print("resctl: FAULT DRILL ON: " + ", ".join(f"{f.kind}@{f.step}:{f.rank}" for f in profile.faults.schedule),
               file=sys.stderr, flush=True)
-    try:
-        shim.install()
-        if profile.inprocess.enabled:
-            from resctl.shim.inprocess import run_wrapped
+    ended = ending.run(lambda: _run(shim, target))
+    recorded = ending.run(lambda: _record(shim, ended))  # a failed final wait is an ending too
+    ended = ended if not ended.clean or recorded.clean else recorded
+    if forked_worker and ended.error is not None and not isinstance(ended.error, (SystemExit, KeyboardInterrupt)):
+        forked.post_error(ended.error)
+    return ending.leave(ended, forked=forked_worker)
 
-            run_wrapped(shim, target, on_fault=lambda err: stop_if_incurable(shim, err))
-        else:
-            shim.run_target(target)
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        if code:
-            shim.events.emit("fault", cause="exit", error=f"SystemExit({exit_.code!r})", step=shim.step)
+
+def _run(shim: Shim, target: Target) -> None:
+    shim.install()
+    if shim.profile.inprocess.enabled:
+        from resctl.shim.inprocess import run_wrapped
+
+        run_wrapped(shim, target, on_fault=lambda err: stop_if_incurable(shim, err))
+    else:
+        shim.run_target(target)
+
+
+def _record(shim: Shim, ended: ending.Ending) -> None:
+    """The events and checkpoints of how the script ended."""
+    err = ended.error
+    if err is None or isinstance(err, SystemExit):
+        if err is not None:
+            shim.events.emit("fault", cause="exit", error=f"SystemExit({err.code!r})", step=shim.step)
         _finish_checkpoints(shim)
-        shim.finish("ok" if code == 0 else "error")
-        raise
-    except BaseException as err:
-        if not isinstance(err, InjectedFault):  # an injected one was recorded when it fired
-            shim.events.emit("fault", cause="exception", injected=False, step=shim.step,
-                             error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=20))
-        shim.finish("error")
-        stop_if_incurable(shim, err)
-        raise
-    _finish_checkpoints(shim)
-    shim.finish("ok")
-    return 0
+        shim.finish("ok" if ended.clean else "error")
+        return
+    if not isinstance(err, InjectedFault):  # an injected one was recorded when it fired
+        shim.events.emit("fault", cause="exception", injected=False, step=shim.step,
+                         error=f"{type(err).__name__}: {err}",
+                         traceback="".join(traceback.format_exception(
+                             type(err), err, ending.script_traceback(err.__traceback__), limit=-20)))
+    shim.finish("error")
+    stop_if_incurable(shim, err)
 
 
 def _die_with_launcher() -> None:

@@ -15,7 +15,8 @@ What it does (docs/recovery.md, "Signals"):
   `checkpoint.sigterm_grace` and exits 143.
 A worker the launcher started with `stop.JOB_STOP_ENV` set (the stop reached the launcher while it
 was restarting workers) acts as for a job stop as soon as it is installed (`stop_if_asked`).
-A script that installs its own SIGTERM handler owns SIGTERM from then on, as under torchrun.
+A script that installs its own SIGTERM handler owns SIGTERM from then on, as under torchrun. A process
+the worker forks (a fork Pool, DataLoader workers) gets SIGTERM and the wakeup fd back as they were.
 """
 
 from __future__ import annotations
@@ -49,7 +50,28 @@ class SigtermWatcher:
             os.close(write_fd)  # ends the watcher thread's read
 
         patches.on_undo(undo)
+        self._child_undo = (previous_handler, previous_fd, read_fd, write_fd)
+        _watchers.append(self)
+        patches.on_undo(lambda: _watchers.remove(self) if self in _watchers else None)
+        if not _fork_hook_registered:
+            _register_fork_hook()
         threading.Thread(target=self._watch, args=(read_fd,), name="resctl-sigterm", daemon=True).start()
+
+    def _in_child(self) -> None:
+        """In a process forked from the worker (a fork Pool, DataLoader workers): SIGTERM and the wakeup
+        fd as the script left them before the shim, as under torchrun. Otherwise a child's SIGTERM
+        (`Pool.terminate()`) was written into this worker's pipe and stopped the worker as a job stop."""
+        previous_handler, previous_fd, read_fd, write_fd = self._child_undo
+        if signal.getsignal(signal.SIGTERM) == self._python_handler:
+            signal.signal(signal.SIGTERM, previous_handler)
+        if signal.set_wakeup_fd(previous_fd) != write_fd:
+            signal.set_wakeup_fd(write_fd)  # not ours any more: the script's own; leave it
+        else:
+            for fd in (read_fd, write_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def stop_if_asked(self) -> None:
         """Begin the job stop the launcher handed to this worker, if it did."""
@@ -76,3 +98,18 @@ class SigtermWatcher:
             self.on_restart_stop()
         else:
             self.on_job_stop()
+
+
+_watchers: list[SigtermWatcher] = []  # installed in this process (the fork hook cannot be removed)
+_fork_hook_registered = False
+
+
+def _register_fork_hook() -> None:
+    global _fork_hook_registered
+    _fork_hook_registered = True
+
+    def after_in_child() -> None:
+        while _watchers:
+            _watchers.pop()._in_child()
+
+    os.register_at_fork(after_in_child=after_in_child)

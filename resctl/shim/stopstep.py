@@ -181,6 +181,17 @@ class StopStep:
                 on_wake()
             return
 
+    def outlast(self, timeout: float) -> None:
+        """Rank 0, whose process hosts the group's store, at its clean end: wait (at most `timeout`)
+        until every rank has closed, so that no rank's wait is cut by the store going away (under
+        torchrun the store is the launcher's, and outlives every worker)."""
+        if self.rank != 0:
+            return
+        try:
+            self._ops.wait([wake_key(r) for r in range(self.world_size)], datetime.timedelta(seconds=timeout))
+        except Exception:  # noqa: BLE001 - a rank still running, or gone: leave anyway
+            pass
+
     def close(self, join_timeout: float = 5.0) -> None:
         """This group is over (the script ended, or an in-process restart makes a new one): end the
         wait, and the thread, before the interpreter exits. A thread still inside the store's wait

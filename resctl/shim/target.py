@@ -1,11 +1,23 @@
-"""What a worker runs: the user's script or module, as `python script.py` / `python -m mod` would."""
+"""What a worker runs: the user's script or module, as `python script.py` / `python -m mod` would.
+
+The script becomes the process's `__main__` module for the rest of its life (not runpy's temporary
+one), as under `python script.py`: `__main__.__file__` is the script, `__spec__` is None (a module's
+spec with `-m`), `sys.argv[0]` is the path as given, and `sys.path[0]` the script's directory. So
+a child started with spawn or forkserver re-imports the script by its path and finds the functions
+it defines (`Pool.map`, DataLoader workers, `torch.multiprocessing.spawn`), and an atexit handler
+of the script still sees its module. Each run (again after an in-process restart) gets a new module.
+"""
 
 from __future__ import annotations
 
+import builtins
+import io
 import os
 import runpy
 import sys
+import types
 from dataclasses import dataclass
+from importlib.machinery import SourceFileLoader
 
 
 @dataclass(frozen=True)
@@ -24,12 +36,26 @@ def parse_argv(argv: list[str]) -> Target:
     return Target(argv[0], argv[1:], module)
 
 
+def new_main() -> types.ModuleType:
+    """A new, empty `__main__` module in `sys.modules` (the shim's own or the launcher's is not the script's)."""
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    return main
+
+
 def run_target(target: Target) -> None:
     """Run the target as `__main__` in this interpreter (again, after an in-process restart)."""
     sys.argv = [target.name, *target.args]
+    main = new_main()
     if target.module:
-        runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-    else:
-        script = os.path.abspath(target.name)
-        sys.path[0] = os.path.dirname(script)  # as `python script.py` would
-        runpy.run_path(script, run_name="__main__")
+        # What `python -m` itself runs: the module's code in the (new) __main__ namespace,
+        # sys.argv[0] set to the module's file.
+        runpy._run_module_as_main(target.name, alter_argv=True)  # type: ignore[attr-defined]
+        return
+    script = os.path.abspath(target.name)
+    sys.path[0] = os.path.dirname(script)  # as `python script.py` would
+    with io.open_code(script) as source:
+        code = compile(source.read(), script, "exec")
+    main.__dict__.update(__file__=script, __cached__=None, __package__=None, __spec__=None,
+                         __loader__=SourceFileLoader("__main__", script), __builtins__=builtins)
+    exec(code, main.__dict__)

@@ -269,7 +269,9 @@ def test_explicit_multinode_needs_a_shared_run_id(tmp_path: Path) -> None:
 
 def test_master_addr(tmp_path: Path) -> None:
     r = detect(Launch(master_addr="head", master_port=1234, rdzv_id="j"), {}, "n1", root=tmp_path)
-    assert (r.endpoint, r.source) == ("head:1234", "explicit")
+    # the master port itself is the workers' MASTER_PORT, as under torchrun: the rendezvous takes the next
+    assert (r.endpoint, r.source) == ("head:1235", "explicit")
+    assert detect(Launch(master_addr="head", master_port=65535, rdzv_id="j"), {}, "n1", root=tmp_path).endpoint == "head:65534"
     r = detect(Launch(master_addr="head", rdzv_id="j"), {}, "n1", root=tmp_path)
     assert r.endpoint == "head:29500"
     with pytest.raises(ValidationError, match="different hosts"):

@@ -1,0 +1,143 @@
+"""How a worker ends: as `python script.py` would, in a forked worker as in an exec'd one.
+
+An interpreter that runs a script ends in a fixed order (CPython's `Py_RunMain`): an uncaught
+exception goes to `sys.excepthook` (the traceback on stderr, from the script's own frame); a
+`SystemExit` becomes the exit status (None -> 0, an int -> itself, anything else is printed to
+stderr and gives 1); then non-daemon threads are joined, `atexit` handlers run, the standard
+streams are flushed, and an uncaught `KeyboardInterrupt` ends the process by SIGINT (status -2,
+what a shell shows as 130).
+
+A worker forked from the launcher runs inside torch's multiprocessing wrapper, which does none of
+that: it skips `atexit`, reports an exception through a queue to the launcher's log instead of the
+console, and a worker that ends by `sys.exit()`, `os._exit(0)` or a KeyboardInterrupt never posts
+the result the launcher waits for (`resctl.launch.adapters` now takes "exited with 0" for done).
+`run` and `leave` below give both start modes the interpreter's ending.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Callable
+
+_SHIM_DIR = os.path.dirname(os.path.abspath(__file__))
+# Frames a traceback of `python script.py` does not have: the shim's, runpy's, and NVRx's
+# in-process wrapper around the script.
+_INPROCESS = os.sep + os.path.join("nvidia_resiliency_ext", "inprocess", "")
+
+
+def _not_the_scripts(filename: str) -> bool:
+    return (filename.startswith(_SHIM_DIR + os.sep) or filename == "<frozen runpy>"
+            or filename.endswith(os.sep + "runpy.py") or _INPROCESS in filename)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the script ended: the exit status, and whether the process must die of SIGINT
+    (an uncaught KeyboardInterrupt) instead of exiting."""
+
+    code: int
+    error: BaseException | None = None
+    by_sigint: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return self.code == 0 and not self.by_sigint
+
+
+def exit_status(code: object) -> int:
+    """The status `sys.exit(code)` gives, printing a non-int code to stderr as the interpreter does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF  # what the C exit() keeps of it (-1 -> 255, 256 -> 0)
+    try:
+        print(code, file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - an unprintable code still exits 1
+        pass
+    return 1
+
+
+def script_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """`tb` without the leading frames of the shim and runpy (the traceback starts at the script,
+    as under `python script.py`); all of it when the error is in the shim itself."""
+    first = tb
+    while first is not None and _not_the_scripts(first.tb_frame.f_code.co_filename):
+        first = first.tb_next
+    return first if first is not None else tb
+
+
+def _shown_traceback(err: BaseException) -> TracebackType | None:
+    tb = script_traceback(err.__traceback__)
+    if isinstance(err, SyntaxError) and tb is err.__traceback__:
+        return None  # the script did not compile: Python shows the line and the caret, no frames
+    return tb
+
+
+def report_uncaught(err: BaseException) -> None:
+    """What the interpreter does with an uncaught exception: `sys.excepthook` (the script's own, if it
+    set one), which prints the traceback to stderr."""
+    tb = _shown_traceback(err)
+    err.__traceback__ = tb  # the default hook prints the exception's own traceback, not its argument
+    try:
+        sys.excepthook(type(err), err, tb)
+    except BaseException as hook_error:  # noqa: BLE001 - as Python: report both, carry on ending
+        print("Error in sys.excepthook:", file=sys.stderr)
+        sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+        print("\nOriginal exception was:", file=sys.stderr)
+        sys.__excepthook__(type(err), err, tb)
+    _flush()
+
+
+def run(body: Callable[[], None]) -> Ending:
+    """Run the script (`body`) and return how it ended; an uncaught exception is reported first."""
+    try:
+        body()
+    except SystemExit as exit_:
+        return Ending(exit_status(exit_.code), exit_ if exit_.code not in (None, 0) else None)
+    except BaseException as err:  # noqa: BLE001 - every ending is the interpreter's
+        report_uncaught(err)
+        return Ending(1, err, by_sigint=isinstance(err, KeyboardInterrupt))
+    return Ending(0)
+
+
+def finalize() -> None:
+    """The interpreter's shutdown, less the teardown of modules: join non-daemon threads, run the
+    atexit handlers, flush the standard streams. Safe to call twice."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # what Py_Finalize calls first
+    except Exception:  # noqa: BLE001
+        pass
+    atexit._run_exitfuncs()
+    _flush()
+
+
+def leave(ending: Ending, *, forked: bool) -> int:
+    """End the worker as the interpreter would end after `ending`. An exec'd worker returns its
+    status for `sys.exit` (the interpreter does the rest, as for any script); a forked one leaves
+    here, with no result posted to torch's wrapper: posting one makes the worker wait until the
+    launcher has read every worker's, which a launcher that is stopping the job never does (the
+    launcher takes an exit with 0 for done, `resctl.launch.adapters`)."""
+    if ending.by_sigint:
+        finalize()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        os.kill(os.getpid(), signal.SIGINT)
+    if not forked:
+        return ending.code
+    finalize()
+    os._exit(ending.code)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
