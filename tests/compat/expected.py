@@ -29,52 +29,33 @@ _ENV = ("resctl's rendezvous is c10d on 127.0.0.1:0 (ft_launcher) where torchrun
 _MASTER = ("--master-addr/--master-port become the rendezvous endpoint: workers get another MASTER_PORT, "
            "MASTER_ADDR=localhost and TORCHELASTIC_USE_AGENT_STORE=False")
 
+_STORE_EXIT = ("at the end of the job a peer logs torch's TCPStore 'recvValueWithTimeout failed' warning with "
+               "a C++ stack: rank 0's worker hosts the group's store (TORCHELASTIC_USE_AGENT_STORE=False) and "
+               "left before the peer's last store call (torchrun's store is the agent's, which outlives them)")
+
 # A reason that starts with "sometimes" is a difference seen in some runs only (a race): its test is
 # xfail(strict=False), so a pass does not fail the run; remove the entry once the cause is fixed.
 EXPECTED: dict[str, dict[str, str]] = {
-    "end_sys_exit": {"fork": _HANG_EXIT},
     "end_sys_exit_message": {"fork": "sometimes (one run of three): when both ranks fail at once the peer is stopped "
                                      "before its interpreter printed its exit message (torchrun's slower stop lets "
                                      "it print)"},
-    "end_sys_exit_none": {"fork": _HANG_EXIT},
-    "end_raise_systemexit": {"fork": _HANG_EXIT},
-    "end_os_exit_zero": {"fork": _HANG_EXIT},
-    "end_keyboardinterrupt": {"fork": _HANG_EXIT},
-    "out_lost_on_os_exit": {"fork": _HANG_EXIT},
-    "end_exception": {"fork": _TRACE},
-    "end_one_rank_fails": {"fork": _TRACE},
-    "end_sigsegv_self": {"fork": "faulthandler is on in a forked worker (inherited from the launcher): a segfault "
-                                 "prints a 'Fatal Python error' dump that torchrun's worker does not"},
-    "out_stream_props": {"fork": "forked workers have PYTHONUNBUFFERED=1 in their environment (torchrun gives "
-                                 "`python -u` and no variable; the worker's own children inherit it)"},
-    "env_names": {"fork": "PYTHONUNBUFFERED is set and TORCHELASTIC_SIGNALS_TO_HANDLE (torchrun's) is not",
-                  "exec": "TORCHELASTIC_SIGNALS_TO_HANDLE (torchrun's) is not set"},
-    "log_basic_info": {"fork": "the launcher's logging is inherited (root INFO with 2 handlers): basicConfig is a "
-                               "no-op and the script's records do not reach the console"},
-    "log_last_resort": {"fork": "the launcher's logging is inherited: the script's warnings do not reach the console"},
     "warn_show": {"fork": "the launcher's warning filters are inherited ('ignore'): the script's warnings are not "
                           "shown",
                   "exec": "the shim's imports (torch, NVRx) added their filters to warnings.filters before the "
                           "script (its warnings are shown)"},
     "excepthook": {"fork": "the script's sys.excepthook is not called"},
-    "atexit_return": {"fork": "atexit handlers do not run"},
-    "atexit_exception": {"fork": "atexit handlers do not run; " + _TRACE},
     "faulthandler_segv": {"fork": "faulthandler is on at start (inherited); its dump shows the shim's thread and "
                                   "the preloaded extension modules",
                           "exec": "faulthandler's dump shows the shim's thread and its extension modules"},
     "env_torchelastic": {"fork": _ENV, "exec": _ENV},
     "env_master_flags": {"fork": _MASTER, "exec": _MASTER},
-    "main_identity": {"fork": _RUN_PATH, "exec": _RUN_PATH},
     "interpreter_state": {"fork": _PRELOAD, "exec": _PRELOAD},
-    "stdin_read": {"fork": "a forked worker's stdin is not the launcher's (fd 11, reads nothing)"},
     "proc_identity": {"fork": _TITLE + "; a forked worker does not lead its own session (torchrun's workers do: "
                                "start_new_session), which also puts it in the caller's scheduler autogroup",
                       "exec": _TITLE},
     "thread_nondaemon": {"fork": "sometimes: a non-daemon thread can be cut off at exit (rank 1's last line lost "
                                  "in one run of two)"},
     "threads_at_start": {"fork": _THREAD, "exec": _THREAD},
-    "sig_int_worker": {"fork": "SIGINT to a forked worker raises no KeyboardInterrupt in the script: the worker "
-                               "dies (exit 1)"},
     "sig_term_launcher": {"fork": "hang: SIGTERM to `resctl run` with workers that handle it and end with 0",
                           "exec": _STOP_CODE},
     "sig_int_launcher": {"fork": _STOP_FORK, "exec": _STOP_CODE},
@@ -82,16 +63,13 @@ EXPECTED: dict[str, dict[str, str]] = {
     "sig_dispositions": {"fork": "the shim's SIGTERM handler and wakeup fd, and the launcher's SIGHUP/SIGQUIT "
                                  "handlers, are installed when the script starts",
                          "exec": "the shim's SIGTERM handler and wakeup fd are installed when the script starts"},
-    "mp_fork_pool": {"fork": "sometimes (one run of two): " + _POOL_SIGTERM, "exec": _POOL_SIGTERM},
-    "mp_spawn_pool": {"fork": _HANG_SPAWN, "exec": _HANG_SPAWN},
-    "mp_forkserver_pool": {"fork": _HANG_SPAWN, "exec": _HANG_SPAWN},
-    "mp_state": {"fork": "the worker is a multiprocessing child of the launcher (ForkProcess-N, parent_process "
-                         "set, start method 'fork')"},
-    "dataloader_spawn": {"fork": "hang: spawned DataLoader workers cannot load the script's Dataset",
-                         "exec": "spawned DataLoader workers cannot load the script's Dataset (AttributeError: "
-                                 "Can't get attribute 'Squares' on <module '__main__'>)"},
+    "mp_fork_pool": {"fork": "sometimes (one run of two): " + _POOL_SIGTERM, },
     "torch_mp_spawn": {"fork": _SPAWN_ATTR, "exec": _SPAWN_ATTR},
-    "record_error": {"fork": _TRACE},
     "rng_unseeded": {"fork": "str hashes are the same on every rank (a fork keeps the launcher's hash secret)"},
-    "rng_torch": {"fork": "torch's unseeded generator is the same on every rank"},
+    # Seen on main after issue 20's fixes merged (2026-12-01 22:5x run), not yet fixed:
+    "init_method_tcp": {"fork": "sometimes: " + _STORE_EXIT, "exec": "sometimes: " + _STORE_EXIT},
+    "pg_env": {"fork": "sometimes: " + _STORE_EXIT, "exec": "sometimes: " + _STORE_EXIT},
+    "pg_tcp": {"fork": "sometimes: " + _STORE_EXIT, "exec": "sometimes: " + _STORE_EXIT},
+    "rng_restart": {"fork": "sometimes: after the in-job restart rank 0 printed no NumPy draw (the restarted "
+                            "forked worker reseeds numpy.random only when the script has imported it)"},
 }
