@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("resctl.telemetry",),
     ("resctl.checkpoint",),
     ("resctl.tuning",),
-    ("resctl.launch",),
+    ("resctl.launch", "resctl.health"),
     ("resctl.shim",),
     ("resctl.doctor",),
     ("resctl.cli", "resctl.__main__"),
