@@ -92,8 +92,8 @@ def _render(a: Any) -> None:
     from resctl.telemetry import report_rows as rows
 
     head = Table("measure", "value", title="goodput")
-    for row in rows.summary_rows(a):
-        head.add_row(*row)
+    for measure, value in rows.summary_rows(a):
+        head.add_row(measure, value)
     out_console.print(head)
 
     if a.recoveries:
