@@ -4,7 +4,7 @@ An operator answers from the page alone: steps completed and lost, how far each 
 back and where the state came from, how fresh the newest checkpoint was (steps and seconds),
 each restart's cause and layer (drills marked), training vs infrastructure goodput over time,
 the ranks, memory snapshots and the event timeline. Tables carry ids (`summary`, `recoveries`,
-`recovery-phases`, `recovery-stats`, `causes`, `timeline`) so a test can read the rendered page.
+`recovery-phases`, `recovery-stats`, `causes`, `ranks`, `timeline`) so a test can read the rendered page.
 
 plotly.js is inlined once (about 4.7 MB), so the file opens from disk in any browser with no
 server and no network (clusters are often air-gapped). Figures: a timeline of the reference
@@ -24,10 +24,12 @@ from resctl.telemetry.goodput import RECOVERY_PHASES, Recovery, RunAnalysis
 from resctl.telemetry.report_rows import (
     PHASE_HEAD,
     PHASES_NOTE,
+    RANK_HEAD,
     STATS_HEAD,
     event_detail,
     num,
     phase_rows,
+    rank_rows,
     stats_rows,
     summary_rows,
     timeline_rows,
@@ -183,6 +185,9 @@ def render_html(a: RunAnalysis, title: str = "resctl report") -> str:
                                                            [[c, str(n)] for c, n in causes]))
     else:
         sections.append("<h2>Faults and recovery</h2><p>no faults: the run never restarted</p>")
+    ranks = rank_rows(getattr(a, "rank_steps", []))  # load_analysis adds them (one pass with the events)
+    if ranks is not None:
+        sections.append(f"<h2>Ranks</h2>{_table('ranks', RANK_HEAD, ranks[1], caption=ranks[0])}")
     figs = figures(a)
     plots = "".join(fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
                     for i, fig in enumerate(figs))

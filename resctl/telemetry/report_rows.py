@@ -101,3 +101,25 @@ def timeline_rows(a: RunAnalysis, limit: int) -> list[list[str]]:
     if len(shown) > limit:
         rows.append(["...", "", "", "", f"{len(shown) - limit} more (see --json)", ""])
     return rows
+
+
+RANKS_SHOWN = 16  # ranks listed in full; beyond it, the slowest and every named one
+RANK_HEAD = ("rank", "steps", "median (s)", "mean (s)", "vs others", "straggler")
+
+
+def rank_rows(rank_steps: list[dict[str, Any]]) -> tuple[str, list[list[str]]] | None:
+    """(title, rows) of the per-rank step table (`resctl.telemetry.ranks.RankSteps.rows`); None
+    with fewer than two timed ranks (nothing to compare)."""
+    timed = [r for r in rank_steps if r["median_s"] is not None]
+    if len(timed) < 2:
+        return None
+    shown, title = timed, "step time per rank"
+    if len(timed) > RANKS_SHOWN:
+        slowest = sorted(timed, key=lambda r: -(r["ratio"] or 0))[: RANKS_SHOWN // 2]
+        shown = sorted({r["rank"]: r for r in [*slowest, *(r for r in timed if r["straggler_events"])]}.values(),
+                       key=lambda r: r["rank"])
+        title += f" (the {len(shown)} slowest or named of {len(timed)}; --json lists all)"
+    return title, [[str(r["rank"]), str(r["steps"]), f"{r['median_s']:.4g}", f"{r['mean_s']:.4g}",
+                    "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+                    f"named x{r['straggler_events']} (step {r['named_at_step']})" if r["straggler_events"] else ""]
+                   for r in shown]

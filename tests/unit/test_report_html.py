@@ -145,7 +145,7 @@ def test_restarts_are_drawn_as_their_layer_at_the_step_they_interrupted() -> Non
 
 def test_the_recovery_phases_are_the_text_reports(tmp_path: Path) -> None:
     """Issue 25's split of the restart (stop, rendezvous, start workers) on the page: the same rows
-    as the terminal report's tables, the numbers of --json, and a bar for every phase."""
+    as the terminal report's tables (goodput and ranks too), the numbers of --json, a bar per phase."""
     page, doc = write_report(SPAWNED, tmp_path)
     t = tables(page.read_text())
     text = subprocess.run([sys.executable, "-m", "resctl", "report", str(SPAWNED)], capture_output=True, text=True,
@@ -161,6 +161,8 @@ def test_the_recovery_phases_are_the_text_reports(tmp_path: Path) -> None:
                                          "restart (stop + rendezvous + start)", "restore", "first step",
                                          "rollback (steps)"]
     assert rows(t["summary"]) == rows(terminal_table(text, "goodput"))  # the goodput table too, row for row
+    assert t["ranks"] == terminal_table(text, "step time per rank")  # and the per-rank step times
+    assert [r[0] for r in t["ranks"][1:]] == ["0", "1"]
     (_, bars) = figures(load_analysis(SPAWNED))
     assert [tr.name for tr in bars.data] == [label for _, label in RECOVERY_PHASES]
     assert [list(tr.x) for tr in bars.data] == [[rec[k] or 0.0 for rec in doc["recoveries"]] for k, _ in RECOVERY_PHASES]
