@@ -154,8 +154,10 @@ def zsh(work: Path) -> Iterator[Zsh]:
 
 
 def fish_tab(line: str, home: Path) -> list[str]:
-    resctl = Path(sys.executable).parent / "resctl"  # the installed entry point: fish autoloads for it
-    assert resctl.exists(), f"{resctl}: resctl is not installed beside this Python (pip install -e .)"
+    # the installed entry point on PATH: fish autoloads the completions of a command it finds
+    beside = Path(sys.executable).parent / "resctl"
+    resctl = beside if beside.exists() else Path(shutil.which("resctl") or beside)
+    assert resctl.exists(), f"{resctl}: resctl is not installed (pip install -e .)"
     env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "PATH": f"{resctl.parent}:{os.environ['PATH']}"}
     out = subprocess.run([_shell("fish"), "-c", f"complete -C '{line}'"], cwd=home / "work", env=env,
                          capture_output=True, text=True, timeout=60)
