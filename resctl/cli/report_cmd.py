@@ -101,12 +101,9 @@ def _render(a: Any) -> None:
         for row in rows.stats_rows(a):
             stats.add_row(*row)
         out_console.print(stats)
-        per = Table("#", "t (s)", "fault", "total (s)", "rollback", title="faults")
-        for i, rec in enumerate(a.recoveries, 1):
-            who = "" if rec.rank is None else f" r{rec.rank}"
-            per.add_row(str(i), f"{rec.t_fault:.1f}", f"{rec.layer}: {rec.cause}{who}" + ("*" if rec.injected else ""),
-                        rows.num(rec.total) if rec.total is not None else "none",
-                        f"{rec.last_step}->{rec.resumed_step}" + (f" ({rec.tier})" if rec.tier else ""))
+        per = Table(*rows.RECOVERY_HEAD, title="faults")
+        for row in rows.recovery_rows(a):
+            per.add_row(*row)
         out_console.print(per)
         phases = Table(*rows.PHASE_HEAD, title="recovery phases per fault (s)", caption=rows.PHASES_NOTE)
         for row in rows.phase_rows(a):

@@ -20,16 +20,18 @@ import bisect
 import html
 from typing import Any, Iterable, Sequence
 
-from resctl.telemetry.goodput import RECOVERY_PHASES, Recovery, RunAnalysis
+from resctl.telemetry.goodput import RECOVERY_PHASES, RunAnalysis
 from resctl.telemetry.report_rows import (
     PHASE_HEAD,
     PHASES_NOTE,
     RANK_HEAD,
+    RECOVERY_HEAD,
     STATS_HEAD,
     event_detail,
-    num,
     phase_rows,
     rank_rows,
+    recovery_rows,
+    rollback,
     stats_rows,
     summary_rows,
     timeline_rows,
@@ -41,17 +43,6 @@ PHASE_COLORS = {"detection": "#d62728", "stop": "#e377c2", "rendezvous": "#ff7f0
 TIMELINE_ROWS = 2000  # rows of the event table (the rest: --json)
 RESTART_MARKS = {"launcher": ("launcher restart", "square", "#8c564b"),
                  "inprocess": ("in-process restart", "star", "#ff7f0e")}
-
-
-def state_source(a: RunAnalysis, r: Recovery) -> str:
-    """Where a recovery's state came from: the tier of its ckpt_load, else the resume's source
-    (`source=torch.load` for a script's own snapshot), as the text report's timeline says it."""
-    if r.tier:
-        return r.tier
-    later = [e for e in a.timeline if e["kind"] == "resume" and e["t"] >= r.t_fault]
-    if later and later[0].get("source"):
-        return f"source={later[0]['source']}"
-    return "no checkpoint (from scratch)" if r.resumed_step == 0 else "not recorded"
 
 
 def _step_at(a: RunAnalysis, t: float) -> int:
@@ -129,7 +120,7 @@ def figures(a: RunAnalysis) -> list[Any]:
     if a.recoveries:
         bars = go.Figure()
         labels = [f"#{i + 1} {r.layer}: {r.cause}{'*' if r.injected else ''} @ {r.t_fault:.0f}s, "
-                  f"{r.last_step}->{r.resumed_step} ({state_source(a, r)})" for i, r in enumerate(a.recoveries)]
+                  f"{rollback(a, r)}" for i, r in enumerate(a.recoveries)]
         for phase, label in RECOVERY_PHASES:  # a phase no recovery had (no `spawned`: start workers) is left out
             seconds = [getattr(r, phase) for r in a.recoveries]
             if any(v is not None for v in seconds):
@@ -154,18 +145,6 @@ def _table(table_id: str, head: Sequence[str], rows: Iterable[Sequence[str]], ca
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table id="{table_id}">{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
-
-
-#: Columns of the faults table (its phases are the `recovery-phases` table, as in the text report)
-RECOVERY_HEAD = ("#", "t (s)", "layer", "cause", "rank", "total (s)", "rollback", "state from")
-
-
-def recovery_rows(a: RunAnalysis) -> list[list[str]]:
-    return [[str(i + 1), f"{r.t_fault:.1f}", r.layer, r.cause + ("*" if r.injected else ""),
-             "-" if r.rank is None else str(r.rank), num(r.total) if r.total is not None else "none",
-             f"{r.last_step}->{r.resumed_step} ({r.rollback_steps} step{'' if r.rollback_steps == 1 else 's'})",
-             state_source(a, r)]
-            for i, r in enumerate(a.recoveries)]
 
 
 def render_html(a: RunAnalysis, title: str = "resctl report") -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resctl.telemetry.goodput import RECOVERY_PHASES, RECOVERY_STATS, RunAnalysis
+from resctl.telemetry.goodput import RECOVERY_PHASES, RECOVERY_STATS, Recovery, RunAnalysis
 
 #: Heading of the per-fault phases table (first column: the fault's number in the faults table).
 PHASE_HEAD: tuple[str, ...] = ("#", *(label for _, label in RECOVERY_PHASES))
@@ -34,6 +34,35 @@ def spans(ranks: list[int]) -> str:
         else:
             runs.append([r, r])
     return ", ".join(f"{lo}-{hi}" if hi > lo + 1 else ", ".join(map(str, range(lo, hi + 1))) for lo, hi in runs)
+
+
+def state_source(a: RunAnalysis, r: Recovery) -> str:
+    """Where a recovery's state came from: the tier of its ckpt_load, else the resume's source
+    (`source=torch.load` for a script's own snapshot), as the text report's timeline says it."""
+    if r.tier:
+        return r.tier
+    later = [e for e in a.timeline if e["kind"] == "resume" and e["t"] >= r.t_fault]
+    if later and later[0].get("source"):
+        return f"source={later[0]['source']}"
+    return "no checkpoint (from scratch)" if r.resumed_step == 0 else "not recorded"
+
+
+def rollback(a: RunAnalysis, r: Recovery) -> str:
+    """`27->26 (memory)`: the highest step before the fault, the step resumed from, where from."""
+    return f"{r.last_step}->{r.resumed_step} ({state_source(a, r)})"
+
+
+#: Columns of the faults table (its phases are the phases table)
+RECOVERY_HEAD = ("#", "t (s)", "layer", "cause", "rank", "total (s)", "rollback", "steps lost")
+
+
+def recovery_rows(a: RunAnalysis) -> list[list[str]]:
+    """One row per recovery: when, which layer and cause (* a drill), the rank, the time to the first
+    step ("none": the new epoch made no step), the rollback and the steps it cost."""
+    return [[str(i), f"{r.t_fault:.1f}", r.layer, r.cause + ("*" if r.injected else ""),
+             "-" if r.rank is None else str(r.rank), num(r.total) if r.total is not None else "none",
+             rollback(a, r), str(r.rollback_steps)]
+            for i, r in enumerate(a.recoveries, 1)]
 
 
 def stats_rows(a: RunAnalysis) -> list[list[str]]:

@@ -113,10 +113,9 @@ def test_the_page_answers_what_an_operator_asks(tmp_path: Path) -> None:
     assert f"{f['max_age_s']:.1f} s" in summary["checkpoint freshness"]  # in seconds too
     assert "infrastructure goodput" in summary and "training goodput" in summary
     recoveries = columns(t["recoveries"])
-    assert [(r["layer"], r["cause"], r["rank"], r["rollback"], r["state from"]) for r in recoveries] == [
+    assert [(r["layer"], r["cause"], r["rank"], r["rollback"], r["steps lost"]) for r in recoveries] == [
         (rec["layer"], rec["cause"] + "*", str(rec["rank"]),
-         f"{rec['last_step']}->{rec['resumed_step']} ({rec['rollback_steps']} step{'' if rec['rollback_steps'] == 1 else 's'})",
-         "source=torch.load")
+         f"{rec['last_step']}->{rec['resumed_step']} (source=torch.load)", str(rec["rollback_steps"]))
         for rec in doc["recoveries"]]  # cause and layer of each restart, drills marked, rollback, where from
     assert sorted(tuple(r) for r in t["causes"][1:]) == sorted((c, str(n)) for c, n in doc["causes"].items())
     restarts = [r for r in t["timeline"][1:] if r[4] == "restart"]
@@ -127,7 +126,7 @@ def test_memory_snapshots_and_the_tier_are_on_the_page(tmp_path: Path) -> None:
     page, doc = write_report(MEMORY, tmp_path)
     t = tables(page.read_text())
     assert rows(t["summary"])["memory snapshots"].startswith(f"{doc['calibration']['mem_snapshots']} (reference rank)")
-    assert [r["state from"] for r in columns(t["recoveries"])] == ["memory"]
+    assert [r["rollback"] for r in columns(t["recoveries"])] == ["23->20 (memory)"]
 
 
 def test_restarts_are_drawn_as_their_layer_at_the_step_they_interrupted() -> None:
@@ -162,6 +161,7 @@ def test_the_recovery_phases_are_the_text_reports(tmp_path: Path) -> None:
                                          "rollback (steps)"]
     assert rows(t["summary"]) == rows(terminal_table(text, "goodput"))  # the goodput table too, row for row
     assert t["ranks"] == terminal_table(text, "step time per rank")  # and the per-rank step times
+    assert t["recoveries"] == terminal_table(text, "faults")  # and the faults
     assert [r[0] for r in t["ranks"][1:]] == ["0", "1"]
     (_, bars) = figures(load_analysis(SPAWNED))
     assert [tr.name for tr in bars.data] == [label for _, label in RECOVERY_PHASES]
@@ -176,7 +176,8 @@ def test_rendered_in_chromium(tmp_path: Path) -> None:
     dom = chromium(page, tmp_path, "--dump-dom")
     t = tables(dom)
     assert {"summary", "recoveries", "recovery-phases", "recovery-stats", "causes", "timeline"} <= set(t)
-    assert [r["state from"] for r in columns(t["recoveries"])] == ["source=torch.load", "source=torch.load"]
+    assert [r["rollback"] for r in columns(t["recoveries"])] == ["15->10 (source=torch.load)",
+                                                                  "35->30 (source=torch.load)"]
     # plotly drew both figures: the legends list every trace, all four phases of the bar chart included
     legend = Legends()
     legend.feed(dom)
