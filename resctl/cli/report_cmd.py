@@ -111,9 +111,9 @@ def _render(a: Any) -> None:
         out_console.print(phases)
         if any(rec.injected for rec in a.recoveries):
             out_console.print("* injected by a fault drill")
-        causes = Table("restart cause", "count", title="restart causes")
-        for cause, count in sorted(a.causes.items(), key=lambda kv: -kv[1]):
-            causes.add_row(cause, str(count))
+        causes = Table(*rows.CAUSE_HEAD, title="restart causes")
+        for row in rows.cause_rows(a):
+            causes.add_row(*row)
         out_console.print(causes)
     else:
         out_console.print("no faults: the run never restarted")

@@ -22,11 +22,13 @@ from typing import Any, Iterable, Sequence
 
 from resctl.telemetry.goodput import RECOVERY_PHASES, RunAnalysis
 from resctl.telemetry.report_rows import (
+    CAUSE_HEAD,
     PHASE_HEAD,
     PHASES_NOTE,
     RANK_HEAD,
     RECOVERY_HEAD,
     STATS_HEAD,
+    cause_rows,
     event_detail,
     phase_rows,
     rank_rows,
@@ -159,9 +161,7 @@ def render_html(a: RunAnalysis, title: str = "resctl report") -> str:
         sections.append(_table("recovery-phases", PHASE_HEAD, phase_rows(a),
                                caption=f"recovery phases per fault (s): {PHASES_NOTE}"))
         sections.append(_table("recovery-stats", STATS_HEAD, stats_rows(a)))
-        causes = sorted(a.causes.items(), key=lambda kv: -kv[1])
-        sections.append("<h2>Restart causes</h2>" + _table("causes", ("restart cause", "count"),
-                                                           [[c, str(n)] for c, n in causes]))
+        sections.append("<h2>Restart causes</h2>" + _table("causes", CAUSE_HEAD, cause_rows(a)))
     else:
         sections.append("<h2>Faults and recovery</h2><p>no faults: the run never restarted</p>")
     ranks = rank_rows(getattr(a, "rank_steps", []))  # load_analysis adds them (one pass with the events)

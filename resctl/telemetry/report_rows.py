@@ -65,6 +65,14 @@ def recovery_rows(a: RunAnalysis) -> list[list[str]]:
             for i, r in enumerate(a.recoveries, 1)]
 
 
+CAUSE_HEAD = ("restart cause", "count")
+
+
+def cause_rows(a: RunAnalysis) -> list[list[str]]:
+    """`layer: cause` and how many recoveries it started, the most frequent first."""
+    return [[cause, str(n)] for cause, n in sorted(a.causes.items(), key=lambda kv: -kv[1])]
+
+
 def stats_rows(a: RunAnalysis) -> list[list[str]]:
     """p50 / p95 / max of each phase that some recovery had (a phase no recovery had is left
     out, e.g. start workers in a run without `spawned`), then the rollback in steps."""

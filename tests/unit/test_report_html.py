@@ -162,6 +162,7 @@ def test_the_recovery_phases_are_the_text_reports(tmp_path: Path) -> None:
     assert rows(t["summary"]) == rows(terminal_table(text, "goodput"))  # the goodput table too, row for row
     assert t["ranks"] == terminal_table(text, "step time per rank")  # and the per-rank step times
     assert t["recoveries"] == terminal_table(text, "faults")  # and the faults
+    assert t["causes"] == terminal_table(text, "restart causes")
     assert [r[0] for r in t["ranks"][1:]] == ["0", "1"]
     (_, bars) = figures(load_analysis(SPAWNED))
     assert [tr.name for tr in bars.data] == [label for _, label in RECOVERY_PHASES]
