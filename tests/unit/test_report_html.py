@@ -12,10 +12,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from resctl.cli.report_cmd import load_analysis
 from resctl.telemetry.goodput import RECOVERY_PHASES
 from resctl.telemetry.report_html import PHASE_COLORS, figures
+from resctl.telemetry.report_rows import spans
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 ZERO_EDIT = RUNS / "zero_edit_inprocess"  # a real run: in-process + launcher restart, torch.load resumes
@@ -232,3 +235,15 @@ class Legends(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self.in_legend and self.plots:
             self.plots[-1]["legend"].append(data)
+
+
+@given(st.sets(st.integers(0, 5000), max_size=300))
+def test_ranks_as_spans_name_every_rank_once(ranks: set[int]) -> None:
+    """The summary's `ranks` row: runs of three or more as lo-hi, every rank named exactly once."""
+    text = spans(sorted(ranks))
+    named: list[int] = []
+    for part in filter(None, text.split(", ")):
+        lo, _, hi = part.partition("-")
+        named += range(int(lo), int(hi or lo) + 1)
+    assert named == sorted(ranks)
+    assert len(text) <= len(", ".join(map(str, sorted(ranks))))
