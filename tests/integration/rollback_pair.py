@@ -107,6 +107,15 @@ def rank_main(rank: int, port_w: int, port: int, a: argparse.Namespace, incarnat
         ck.maybe_save(state, step)
 
 
+def die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: a rank that would train on after this process died (a test timeout) is killed."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os._exit(1)
+
+
 def spawn(a: argparse.Namespace, incarnation: int, last: bool) -> list[int]:
     """Fork rank 0 (it picks the store's port), then rank 1 with that port."""
     r, w = os.pipe()
@@ -117,6 +126,7 @@ def spawn(a: argparse.Namespace, incarnation: int, last: bool) -> list[int]:
         if pid == 0:
             try:
                 os.close(r)
+                die_with_parent()
                 rank_main(rank, w, port, a, incarnation, last)
             except BaseException:  # noqa: BLE001 - a child never returns into the parent's loop
                 import traceback

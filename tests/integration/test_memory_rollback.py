@@ -84,7 +84,7 @@ def test_kill_9_mid_commit_with_memory_every_3_rolls_back_at_most_3_steps(tmp_pa
     kills, summary = lines[:-1], lines[-1]
     assert len(kills) == 8, proc.stdout
     assert all(k["reached"] - k["resumed"] <= every for k in kills), kills
-    assert all(k["resumed"] > 0 for k in kills[1:]), kills  # from memory: no disk checkpoints in this job
+    assert all(k["resumed"] > 0 for k in kills), kills  # from memory: no disk checkpoints in this job
     assert summary["in_commit"] >= 2, f"fewer than 2 kills landed while a commit was in flight: {kills}"
 
 
