@@ -270,7 +270,6 @@ class Checkpointer:
         if self._final is Final.REQUESTED and self.hooks.final_gate(step):
             return self._final_boundary()
         snap = self.memory.save(state, step) if self.memory.due(step) else None
-        self.memory.before_step(step + 1)
         if step % self.settings.interval_steps == 0:
             self.save(state, step, snapshot=snap)
             return True
