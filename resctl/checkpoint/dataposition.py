@@ -440,12 +440,20 @@ class Track:
                 f"{type(loader.sampler).__name__} keeps no job-wide order to re-split; resume with "
                 f"{rec['world_size']} ranks, or start from a new checkpoint.dir")
         elif s["kind"] == "random" and rec["rank"] != rank:
-            self.note("approximate", f"{name}: rank {rank} resumes from rank {rec['rank']}'s record (a disk "
-                      "checkpoint keeps rank 0's): its RandomSampler order may differ from the uninterrupted run")
+            self.note("approximate", f"{name}: rank {rank} resumes from rank {rec['rank']}'s record (this rank "
+                      "saved no position of its own: the script saves on rank 0 only, or the position came from "
+                      "an intercepted torch.save): its RandomSampler order may differ from the uninterrupted run")
         return Plan(skip=int(rec["consumed"]))
 
     def _plan_iterable(self, rec: Mapping[str, Any], loader: DataLoader[Any], name: str) -> Plan | None:
         state = rec.get("dataset_state")
+        rank, world = _world()
+        if state is not None and (rec["rank"], rec["world_size"]) != (rank, world):
+            self.note("approximate", f"{name}: position approximate: the checkpoint holds the iterable dataset "
+                      f"state of rank {rec['rank']} of {rec['world_size']}, not of this rank {rank} of {world} "
+                      "(another world size, or this rank saved no position of its own), so its stream restarts "
+                      "from the beginning")
+            return None
         if state is not None and is_stateful(loader.dataset) and loader.num_workers == 0:
             loader.dataset.load_state_dict(state)  # type: ignore[attr-defined]
             self.note("resumed", f"{name}: the iterable dataset resumed from its own state_dict() after "
@@ -724,6 +732,8 @@ def install_auto(events: Any = None, snapshots: bool = False) -> Callable[[], No
 class LoaderEntry:
     """A loader (or a sampler: the loader iterating it) as a checkpoint `state` entry."""
 
+    resctl_per_rank = True  # every rank saves its own position (`resctl.checkpoint.rankside`)
+
     def __init__(self, key: str, obj: Any) -> None:
         install()
         if REGISTRY.events is None:  # the notes go to the run's events too (the shim's checkpointer has them)
@@ -764,6 +774,8 @@ class LoaderEntry:
 
 class AutoEntry:
     """The zero-edit entry: every loader the script iterates (except those in the state already)."""
+
+    resctl_per_rank = True
 
     def __init__(self, skip: set[int]) -> None:
         self.skip = skip
