@@ -230,6 +230,12 @@ def decode(rec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _unsplittable(rec: Mapping[str, Any], world: int) -> bool:
+    """A map-style position taken with another world size by a sampler without a job-wide order."""
+    return (rec.get("world_size") != world and not rec.get("iterable")
+            and (rec.get("sampler") or {}).get("kind") != "distributed")
+
+
 # --- the resumed pass --------------------------------------------------------------------------
 
 
@@ -401,6 +407,13 @@ class Track:
         if not rec.get("started") or rec.get("done"):
             return None
         name = f"data loader {self.key!r}"
+        rank, world = _world()
+        if _unsplittable(rec, world):  # first: a per-rank shard's length changes with the world size too
+            raise DataPositionMismatch(
+                f"{name}: the world size changed ({rec['world_size']} -> {world}) and a "
+                f"{type(loader.sampler).__name__} keeps no job-wide order to re-split (only a DistributedSampler "
+                f"does); resume with {rec['world_size']} ranks, or start from a new checkpoint.dir (or set "
+                "checkpoint.data_position = false to start this epoch over)")
         if rec.get("fingerprint") != fingerprint(loader):
             raise DataPositionMismatch(
                 f"{name}: the checkpoint's position is for {rec.get('fingerprint')}, this loader is "
@@ -415,7 +428,6 @@ class Track:
                       "resumes its epochs its own way)")
             return None
         s, now = rec["sampler"], describe_sampler(loader.sampler)
-        rank, world = _world()
         if s["kind"] == "distributed":
             keys = ("n", "shuffle", "seed", "drop_last")
             if [s[k] for k in keys] != [now[k] for k in keys]:
@@ -434,11 +446,6 @@ class Track:
                               f"epoch {epoch} resumes after the job's first {s['global']} samples, re-split over "
                               f"{now['num_replicas']} ranks")
                 return Plan(skip=0, resplit=True, global_=int(s["global"]))
-        elif rec["world_size"] != world:
-            raise DataPositionMismatch(
-                f"{name}: the world size changed ({rec['world_size']} -> {world}) and a "
-                f"{type(loader.sampler).__name__} keeps no job-wide order to re-split; resume with "
-                f"{rec['world_size']} ranks, or start from a new checkpoint.dir")
         elif s["kind"] == "random" and rec["rank"] != rank:
             self.note("approximate", f"{name}: rank {rank} resumes from rank {rec['rank']}'s record (this rank "
                       "saved no position of its own: the script saves on rank 0 only, or the position came from "
@@ -621,12 +628,16 @@ class Registry:
         return track
 
     def _claim(self, track: Track, loader: DataLoader[Any]) -> None:
-        fp = fingerprint(loader)
-        for i, rec in enumerate(self.waiting):
-            if rec.get("fingerprint") == fp:
-                track.pending = self.waiting.pop(i)
-                track.pending["key"] = track.key
-                return
+        """The waiting position of `loader`: the first of its fingerprint; else, with another world size,
+        the first one that cannot be re-split (its loader's fingerprint changes with the world size when
+        it reads a per-rank shard: the resume is refused rather than silently started over)."""
+        fp, world = fingerprint(loader), _world()[1]
+        match = next((i for i, rec in enumerate(self.waiting) if rec.get("fingerprint") == fp), None)
+        if match is None:
+            match = next((i for i, rec in enumerate(self.waiting) if _unsplittable(rec, world)), None)
+        if match is not None:
+            track.pending = self.waiting.pop(match)
+            track.pending["key"] = track.key
 
     def track_for(self, loader: DataLoader[Any]) -> Track | None:
         track = self.tracks.get(loader)
