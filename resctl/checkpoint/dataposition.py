@@ -1,8 +1,9 @@
 """Where each DataLoader of the job stands, saved in the checkpoint, and an exact resume mid-epoch.
 
 A resumed run must see the batches the uninterrupted run would have seen next. This module
-records, per loader, what that takes (in the same verified checkpoint as the model, disk and
-memory tier alike, as an ordinary `state_dict()` entry), and fast-forwards the loader's *index*
+records, per loader and per rank, what that takes (in the same verified checkpoint as the model, disk
+and memory tier alike, as an ordinary `state_dict()` entry marked `resctl_per_rank`: ranks > 0 keep
+theirs beside rank 0's disk checkpoint, `resctl.checkpoint.rankside`), and fast-forwards the loader's *index*
 stream on resume, so the skipped samples are never loaded, with `num_workers > 0` too: the
 workers are only ever sent the remaining indices.
 
@@ -23,7 +24,8 @@ put in place, the loader's iterator is created over a `_Resumed` index sampler w
 starts at the recorded position (`list_iterator.__setstate__`: O(1) past the sampler's own list;
 DistributedSampler's randperm of the dataset is paid as in every epoch of the uninterrupted run),
 then torch's global RNG is put back to what the script restored. With a different world size a
-DistributedSampler resumes by the job's global sample count (`resplit`); other samplers refuse.
+DistributedSampler resumes by the job's global sample count (`resplit`); other map-style samplers
+refuse (`DataPositionMismatch`: exit 2); an iterable dataset's state is not applied (approximate).
 
 Two ways in: a loader or sampler in the checkpoint `state` (`entry_for`, used by
 `resctl.checkpoint.load/save/maybe_save`), or every loader of the script (`REGISTRY.auto`, the
