@@ -64,7 +64,7 @@ def resumed_steps(run_dir: Path) -> list[int]:
 
 
 DATA = "checkpoint.data_position=true"
-PER_RANK = ("--per-rank", "--num-workers", "0", "--epochs", "3")  # the run's data setup: its reference's arguments
+PER_RANK = ("--per-rank", "--num-workers", "0", "--epochs", "2")  # the run's data setup: its reference's arguments
 CASES = {
     # case: (profile settings, script args, reference args, fault drill, the step the job resumes at). The
     # loader's workers are persistent except in the first (both kinds of worker are unit-tested).
