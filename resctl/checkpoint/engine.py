@@ -264,15 +264,20 @@ class Checkpointer:
             self.memory.pin(snapshot.slot, inflight)  # the slot is not overwritten while it is read
 
     def _save_own(self, entries: dict[str, Any], names: list[str], step: int) -> None:
-        """A rank > 0's per-rank entries (`rankside`), encoded now, written in the background."""
+        """A rank > 0's per-rank entries (`rankside`): in place now, durable in the background."""
         if not names:
             return
         rank = self.rank
         data = rankside.encode({n: entries[n] for n in names}, step=step, rank=rank, world_size=self.world_size,
                                run_id=self.run_id)
+        try:
+            path = rankside.write(self.dir, rank, step, data)
+        except OSError as err:  # a full or broken disk: the failed-save policy, as for rank 0's write
+            self.writes.record_failure(step, err)
+            return
 
         def job() -> None:
-            rankside.write(self.dir, rank, step, data)
+            rankside.sync(path)
             rankside.prune(self.dir, rank)
 
         self.writes.submit(job, step, None)

@@ -113,3 +113,12 @@ def test_the_memory_tier_keeps_every_rank_s_own_position(tmp_path: Path, monkeyp
         ck.close()
     assert not (tmp_path / "ck").exists()  # step 7 is not a disk step (interval 5): memory only
     assert [load(ck) for ck in ranks(tmp_path, memory_every=1)] == [(7, 7), (7, 107)]
+
+
+def test_a_rank_whose_position_cannot_be_written_goes_through_the_failed_save_policy(tmp_path: Path) -> None:
+    cks = ranks(tmp_path)
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / rankside.DIR).write_text("not a directory")
+    save_all(cks, 5)  # no exception: reported, and the next interval tries again
+    assert cks[1].failed_in_a_row == 1 and cks[1].last_saved_step is None
+    assert cks[0].failed_in_a_row == 0
