@@ -75,8 +75,6 @@ CASES = {
     # A torchrun-style script's own torch.save snapshot, intercepted: the position rides beside it.
     "torch-save-snapshot": ((DATA, "checkpoint.intercept_torch_save=*snap.pt"), ("--snapshot", "snap.pt"), (),
                             "sigkill@27:1", 25),
-    # Each rank's own shard in a rank-seeded order: rank 1 must resume from its own position (disk).
-    "per-rank": ((DATA,), PER_RANK, PER_RANK, "sigkill@27:1", 25),
 }
 
 
@@ -137,11 +135,19 @@ def test_a_job_resumed_with_fewer_ranks_trains_the_rest_of_the_epoch_once(tmp_pa
     assert torch.load(tmp_path / "one.pt", weights_only=True)["step"] == 25 + 112 // 8
 
 
-def test_a_per_rank_order_refuses_another_world_size_with_exit_2(tmp_path: Path) -> None:
-    """World size 2 -> 1 with a rank-seeded RandomSampler over each rank's shard: no job-wide order to
-    re-split, so the job stops at once with exit 2 and the reason (no restart can cure it)."""
-    code, out = finish(start(job(tmp_path, "two", (DATA,), (*PER_RANK, "--max-steps", "25")), cwd=tmp_path))
+def test_a_per_rank_loader_resumes_exactly_and_refuses_another_world_size(tmp_path: Path,
+                                                                         references: Reference) -> None:
+    """Each rank's own shard in a rank-seeded RandomSampler order. Killed mid-epoch, rank 1 resumes from
+    its own position (on disk: rank 0's would give it rank 0's order) and the run ends bitwise equal.
+    Then a job of 1 rank from the same checkpoints (the newest, step 30, is mid-epoch): no job-wide
+    order to re-split, so it stops at once with exit 2 and the reason (no restart can cure it)."""
+    code, out = finish(start(job(tmp_path, "two", (DATA,), PER_RANK), cwd=tmp_path,
+                             env={"RESCTL_FAULTS": "sigkill@27:1"}))
     assert code == 0, out[-4000:]
+    assert resumed_steps(tmp_path / "two") == [25], out[-3000:]
+    got, reference = torch.load(tmp_path / "two.pt", weights_only=True), references(PER_RANK)
+    assert got["step"] == reference["step"] == 32
+    assert_bitwise_equal(got, reference)
     code, out = finish(start(job(tmp_path, "one", (DATA,), PER_RANK, nproc=1), cwd=tmp_path))
     assert code == 2, out[-4000:]
     assert "the world size changed (2 -> 1) and a RandomSampler keeps no job-wide order to re-split" in out, out[-3000:]
