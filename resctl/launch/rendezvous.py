@@ -125,10 +125,6 @@ def detect(
 # --- explicit and standalone ------------------------------------------------------------------
 
 
-def _beside(port: int) -> int:
-    return port + 1 if port < 65535 else port - 1
-
-
 def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Callable[[], str]) -> Rendezvous:
     # The schema has already refused conflicting settings (standalone with an endpoint, two hosts, port 0
     # across nodes): `profile validate` and `run` share those rules.
@@ -138,11 +134,11 @@ def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Cal
         host, port = _split_endpoint(launch.rdzv_endpoint.strip(), launch.rdzv_port, "launch.rdzv_endpoint")
         why = f"launch.rdzv_endpoint = {launch.rdzv_endpoint}"
     else:
-        # The master port is the workers' MASTER_PORT, as under torchrun (launch.adapters): the
-        # rendezvous takes the next one.
-        host, port = launch.master_addr, _beside(launch.master_port) if launch.master_port else launch.rdzv_port
+        # The rendezvous store is the workers' store too (launch.adapters._agent_store), as under
+        # torchrun: the master port is both.
+        host, port = launch.master_addr, launch.master_port or launch.rdzv_port
         why = f"launch.master_addr = {launch.master_addr}, port {port}" + (
-            f" (launch.master_port + 1: {launch.master_port} is the workers' MASTER_PORT)" if launch.master_port else "")
+            " (launch.master_port: the workers' MASTER_PORT, as under torchrun)" if launch.master_port else "")
     endpoint = _join_endpoint(host, port)
     notes = [f"explicit endpoint {endpoint} ({why})"]
     run_id = _profile_run_id(launch)
@@ -172,11 +168,13 @@ def _standalone(launch: Launch, new_id: Callable[[], str], source: str, why: tup
             "or run under a Kubernetes Indexed Job, a PyTorchJob or Slurm"
         )
     run_id = _profile_run_id(launch) or new_id()
-    notes = why + (
-        f"endpoint {STANDALONE_ENDPOINT}: the store binds a free port itself, so jobs on one host do not collide",
-        f"run id {run_id!r}" + (" from launch.rdzv_id" if _profile_run_id(launch) else ": fresh"),
-    )
-    return Rendezvous(STANDALONE_ENDPOINT, run_id, True, 0, None, True, source, notes)
+    endpoint = STANDALONE_ENDPOINT
+    where = f"endpoint {endpoint}: the store binds a free port itself, so jobs on one host do not collide"
+    if launch.master_port:  # the workers' MASTER_PORT, as under torchrun (launch.adapters._agent_store)
+        endpoint = _join_endpoint("127.0.0.1", launch.master_port)
+        where = f"endpoint {endpoint} (launch.master_port: the workers' MASTER_PORT, as under torchrun)"
+    notes = (*why, where, f"run id {run_id!r}" + (" from launch.rdzv_id" if _profile_run_id(launch) else ": fresh"))
+    return Rendezvous(endpoint, run_id, True, 0, None, True, source, notes)
 
 
 # --- Kubernetes Indexed Job -------------------------------------------------------------------

@@ -402,7 +402,7 @@ class Shim:
 
         def destroy_process_group(group: Any = None) -> Any:
             if group is None and shim.stop_step is not None:
-                shim.stop_step.close()  # before rank 0, which hosts the store, may leave
+                shim.stop_step.close()  # before the store may go (rank 0's, where it hosts it)
             return original_destroy(group)
 
         self.patches.set(dist, "destroy_process_group", destroy_process_group)

@@ -269,13 +269,17 @@ def test_explicit_multinode_needs_a_shared_run_id(tmp_path: Path) -> None:
 
 def test_master_addr(tmp_path: Path) -> None:
     r = detect(Launch(master_addr="head", master_port=1234, rdzv_id="j"), {}, "n1", root=tmp_path)
-    # the master port itself is the workers' MASTER_PORT, as under torchrun: the rendezvous takes the next
-    assert (r.endpoint, r.source) == ("head:1235", "explicit")
-    assert detect(Launch(master_addr="head", master_port=65535, rdzv_id="j"), {}, "n1", root=tmp_path).endpoint == "head:65534"
+    # the rendezvous store is the workers' store, as under torchrun: the master port is both
+    assert (r.endpoint, r.source) == ("head:1234", "explicit")
     r = detect(Launch(master_addr="head", rdzv_id="j"), {}, "n1", root=tmp_path)
     assert r.endpoint == "head:29500"
     with pytest.raises(ValidationError, match="different hosts"):
         Launch(master_addr="a", rdzv_endpoint="b:1", rdzv_id="j")
+
+
+def test_a_standalone_master_port_is_the_rendezvous_port(tmp_path: Path) -> None:
+    assert detect(Launch(master_port=4321), {}, "n1", root=tmp_path).endpoint == "127.0.0.1:4321"
+    assert detect(Launch(), {}, "n1", root=tmp_path).endpoint == "127.0.0.1:0"  # a free port, no collisions
 
 
 def test_standalone_flag(tmp_path: Path) -> None:
