@@ -13,13 +13,13 @@ scheduler can be tested from fixture environments. Rules, first match wins:
 3. **pytorchjob** -- Kubeflow's ``PET_RDZV_ENDPOINT`` (elastic) or ``MASTER_ADDR`` with ``RANK`` /
    ``PET_NODE_RANK``.
 4. **slurm** -- ``SLURM_JOB_ID``: rank 0 is the first host of the step's (else the job's) nodelist.
-5. **standalone** -- a single node: ``127.0.0.1:0``.
+5. **standalone** -- a single node: ``localhost:0`` (``127.0.0.1:PORT`` with ``--master-port``), as torchrun.
 
 Standalone uses port 0 on purpose. ft_launcher's own ``--standalone`` does the same
 (``localhost:0`` plus a fresh uuid4 run id): the c10d TCPStore binds port 0 when it starts, so
 two jobs on one host never collide, and there is no window between choosing a free port and
 binding it, as there would be if resctl bound port 0, closed it and passed the number on. resctl
-passes ``--rdzv-endpoint 127.0.0.1:0 --rdzv-id <run_id>`` itself instead of ``--standalone``
+passes ``--rdzv-endpoint localhost:0 --rdzv-id <run_id>`` itself instead of ``--standalone``
 because ``--standalone`` replaces the run id with one resctl never sees.
 
 The run id names the rendezvous and resctl's run directory. It must be the same on every node
@@ -46,7 +46,7 @@ from resctl.profile.schema import Launch, nnodes_range, split_endpoint
 
 __all__ = ["Rendezvous", "detect", "expand_hostlist", "first_host", "fresh_run_id"]
 
-STANDALONE_ENDPOINT = "127.0.0.1:0"
+STANDALONE_ENDPOINT = "localhost:0"  # torchrun's own single-node default (its workers' MASTER_ADDR)
 SA_NAMESPACE_FILE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
 UID_ENV = "JOB_UID"
 JOB_NAME_ENV = "JOB_NAME"
@@ -62,7 +62,7 @@ class Rendezvous:
     """Where and under which id the nodes of one job meet.
 
     Attributes:
-        endpoint: "host:port" of the c10d store; "127.0.0.1:0" when standalone (the store picks
+        endpoint: "host:port" of the c10d store; "localhost:0" when standalone (the store picks
             a free port as it binds).
         run_id: unique per job, the same on every node and across pod/node restarts of the job;
             never "none".

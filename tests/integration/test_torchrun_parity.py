@@ -60,8 +60,6 @@ def launch(launcher: str, tmp_path: Path, script: str, *args: str, nproc: int = 
     return Run(proc.returncode, proc.stdout + proc.stderr)
 
 
-@pytest.mark.xfail(strict=False, reason="after the merges of issues 24 and 27 one variable of the worker's "
-                   "environment differs from torchrun's (the `FACT env` line); not yet traced (issue 20 stays open)")
 def test_a_worker_sees_a_new_interpreter(tmp_path: Path) -> None:
     runs = {name: launch(name, tmp_path, "facts.py", nproc=2, stdin="hello\n") for name in LAUNCHERS}
     for name, run in runs.items():
