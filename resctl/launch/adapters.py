@@ -19,6 +19,8 @@ torch, and the launcher's slow paths, are bridged without forking NVRx. Every ch
 - **torchrun's store.** The workers' MASTER_ADDR/MASTER_PORT are the launcher's rendezvous store and
   TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun: no worker hosts the group's store, so none
   takes it away from the others when it ends first (`_agent_store`).
+- **No abbreviations.** A script's argument (`--workers`) is never read as an abbreviation of a
+  launcher option (`--workers-stop-timeout`): argparse's `allow_abbrev` is off (`_no_abbreviations`).
 - **Titles.** The launcher, each worker and each rank monitor name themselves (`resctl.launch.titles`).
 - **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
   default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
@@ -490,6 +492,27 @@ def _die_with_parent(sig: int) -> None:
     die_with_parent(sig)
 
 
+def _no_abbreviations(patches: Patches) -> None:
+    """The script's own arguments are never taken for the launcher's.
+
+    argparse matches abbreviated options while it scans the whole command line, the script's
+    arguments included, so `resctl run train.py --workers 0` failed with "ambiguous option: --workers
+    could match --workers-stop-timeout, ..." (NVRx's options; torchrun has none starting so). resctl
+    writes every launcher option in full, so abbreviations are off."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    if not hasattr(launcher, "get_args_parser"):
+        return
+    get_args_parser = launcher.get_args_parser
+
+    def parser_without_abbreviations(*args: Any, **kwargs: Any) -> Any:
+        parser = get_args_parser(*args, **kwargs)
+        parser.allow_abbrev = False
+        return parser
+
+    patches.set(launcher, "get_args_parser", parser_without_abbreviations)
+
+
 def apply_adapters() -> list[str]:
     """Patch what the installed versions need (once); returns what was patched."""
     if PATCHES:
@@ -497,6 +520,7 @@ def apply_adapters() -> list[str]:
     _bridge_versions(PATCHES)
     _done_when_exited(PATCHES)
     _agent_store(PATCHES)
+    _no_abbreviations(PATCHES)
     if stop.ENV in os.environ:  # the quick stops need the marker file main() set up
         _quick_restart_stops(PATCHES)
     _wake_on_worker_exit(PATCHES)

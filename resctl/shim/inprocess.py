@@ -44,6 +44,7 @@ from typing import Any, Callable, Protocol
 
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
+from resctl.shim.agent_store import uses_agent_store
 from resctl.shim.fresh import FreshState
 from resctl.shim.target import Target, run_target
 from resctl.telemetry.events import EventLog
@@ -79,7 +80,7 @@ def app_store() -> Any:
     import torch.distributed as dist
 
     rank = int(os.environ["RANK"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    agent_store = uses_agent_store()
     return dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
         is_master=rank == 0 and not agent_store, timeout=datetime.timedelta(seconds=300), wait_for_workers=False,

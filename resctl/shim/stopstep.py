@@ -39,10 +39,11 @@ died, the store is gone), the rank saves at the boundary it is at, as a rank alo
 from __future__ import annotations
 
 import datetime
-import os
 import threading
 import time
 from typing import Any, Callable
+
+from resctl.shim.agent_store import uses_agent_store
 
 PREFIX = "resctl/stop/"
 COUNT = PREFIX + "count"
@@ -187,7 +188,7 @@ class StopStep:
         until every rank has closed, so that no rank's wait is cut by the store going away (under
         torchrun the store is the launcher's, and outlives every worker). Nothing to wait for when
         the store is the launcher's here too (resctl.launch.adapters._agent_store)."""
-        if self.rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        if self.rank != 0 or uses_agent_store():
             return
         try:
             self._ops.wait([wake_key(r) for r in range(self.world_size)], datetime.timedelta(seconds=timeout))
