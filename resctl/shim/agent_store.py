@@ -22,7 +22,7 @@ from resctl.patching import Patches
 
 
 def uses_agent_store(env: Any = os.environ) -> bool:
-    return env.get(AGENT_STORE_ENV) == "True"
+    return bool(env.get(AGENT_STORE_ENV) == "True")
 
 
 def round_prefix(env: Any = os.environ) -> str:
