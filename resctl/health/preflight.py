@@ -104,7 +104,8 @@ def _slow(value: float | None, others: list[float], margin: float) -> float | No
 def judge(cfg: Config, members: list[int], results: dict[int, dict[str, Any]], hosts: dict[int, str]) -> Verdict:
     """The verdict from every node's measurements (`results[rank]`: gflops, pairs {peer: {gbps, latency_ms}},
     all_gbps, all_latency_ms, error)."""
-    expected = range(cfg.nnodes_max) if cfg.node_rank is not None or cfg.expected_hosts else []
+    expected = (range(len(cfg.expected_hosts)) if cfg.expected_hosts else
+                range(cfg.nnodes_max) if cfg.node_rank is not None else [])
     rows: list[dict[str, Any]] = []
     links: dict[int, list[float]] = {r: [] for r in members}
     lat: dict[int, list[float]] = {r: [] for r in members}
@@ -196,14 +197,18 @@ def _join(cfg: Config, store: Any) -> tuple[int, list[int], dict[int, str], int,
 
 
 def _wait_for_nodes(cfg: Config, store: Any) -> list[int]:
+    """Until every node has joined, or the timeout; with a node range and no scheduler naming the nodes, only
+    `JOIN_GRACE` past the minimum (where the scheduler names them, every one of them is waited for: a node of
+    the allocation that is late is as bad as one that never comes)."""
     deadline = time.monotonic() + cfg.timeout
     enough_at: float | None = None
+    want = min(cfg.nnodes_max, len(cfg.expected_hosts)) if cfg.expected_hosts else cfg.nnodes_max
     while True:
         n = int(store.add(PREFIX + "joined", 0))
         now = time.monotonic()
-        if n >= cfg.nnodes_min and enough_at is None:
+        if n >= cfg.nnodes_min and enough_at is None and not cfg.expected_hosts:
             enough_at = now
-        if n >= cfg.nnodes_max or now >= deadline or (enough_at is not None and now - enough_at >= JOIN_GRACE):
+        if n >= want or now >= deadline or (enough_at is not None and now - enough_at >= JOIN_GRACE):
             break
         time.sleep(0.02)
     candidates = range(max(cfg.nnodes_max, n + 64)) if cfg.node_rank is None else range(cfg.nnodes_max)
