@@ -55,6 +55,10 @@ class Cluster:
         self.cgroups.append(group)
         (group / "cgroup.procs").write_text(str(pid))  # every thread of it, and what it starts later
 
+    def cpu_stat(self) -> str:
+        """The slowed cgroups' cpu.stat (nr_throttled > 0: the quota held), for failure messages."""
+        return "; ".join(" ".join((g / "cpu.stat").read_text().split()) for g in self.cgroups if (g / "cpu.stat").exists())
+
     def connected(self, i: int, port: int) -> list[int]:
         """PIDs of node i's processes with an established TCP connection to `port` (from /proc)."""
         inodes: set[str] = set()
