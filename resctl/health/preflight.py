@@ -101,6 +101,19 @@ def _slow(value: float | None, others: list[float], margin: float) -> float | No
     return median if value * (1 + margin) < median else None
 
 
+def _slow_links(r: int, pair_gbps: dict[tuple[int, int], float], suspects: set[int],
+                margin: float) -> tuple[float | None, float | None]:
+    """(the median of node r's links, the median of the links between other nodes when r's are worse by more
+    than `margin`, else None). Pairs with a suspect node (slow CPU, failed test) count for neither side, so one
+    node's slow link is named even beside another's slow CPU; r's own pairs are kept when it has no other. Two
+    nodes have one link between them and no other link to compare it with: never named here."""
+    ok = {p: g for p, g in pair_gbps.items() if not (set(p) - {r}) & suspects}
+    mine = [g for p, g in ok.items() if r in p] or [g for p, g in pair_gbps.items() if r in p]
+    others = [g for p, g in ok.items() if r not in p]
+    value = statistics.median(mine) if mine else None
+    return value, _slow(value, others, margin)
+
+
 def judge(cfg: Config, members: list[int], results: dict[int, dict[str, Any]], hosts: dict[int, str]) -> Verdict:
     """The verdict from every node's measurements (`results[rank]`: gflops, pairs {peer: {gbps, latency_ms}},
     all_gbps, all_latency_ms, error)."""
@@ -109,25 +122,31 @@ def judge(cfg: Config, members: list[int], results: dict[int, dict[str, Any]], h
     rows: list[dict[str, Any]] = []
     links: dict[int, list[float]] = {r: [] for r in members}
     lat: dict[int, list[float]] = {r: [] for r in members}
+    pair_gbps: dict[tuple[int, int], float] = {}
     for r in members:
         for peer, m in results.get(r, {}).get("pairs", {}).items():
             for a in (r, int(peer)):
                 if a in links and m.get("gbps") is not None:
                     links[a].append(m["gbps"])
                     lat[a].append(m["latency_ms"])
+            if m.get("gbps") is not None:
+                pair_gbps[(min(r, int(peer)), max(r, int(peer)))] = m["gbps"]
     link = {r: statistics.median(v) if v else None for r, v in links.items()}
     gflops = {r: results.get(r, {}).get("gflops") for r in members}
+    slow_cpu = {r: _slow(gflops[r], [v for k, v in gflops.items() if k != r and v is not None], cfg.margin)
+                for r in members}
+    # A slow or broken CPU slows every link of its node (gloo moves bytes on it): its pairs judge no other node.
+    suspects = {r for r in members if slow_cpu[r] is not None or results.get(r, {}).get("error") or r not in results}
     for r in members:
         res = results.get(r, {})
         why = []
         if res.get("error") or r not in results:
             why.append(f"a test failed: {res.get('error') or 'no result'}")
-        med = _slow(gflops[r], [v for k, v in gflops.items() if k != r and v is not None], cfg.margin)
+        if slow_cpu[r] is not None:
+            why.append(f"matmul {gflops[r]:.3g} GFLOP/s vs the others' {slow_cpu[r]:.3g}")
+        mine, med = _slow_links(r, pair_gbps, suspects, cfg.margin)
         if med is not None:
-            why.append(f"matmul {gflops[r]:.3g} GFLOP/s vs the others' {med:.3g}")
-        med = _slow(link[r], [v for k, v in link.items() if k != r and v is not None], cfg.margin)
-        if med is not None:
-            why.append(f"links {link[r]:.3g} GB/s vs the others' {med:.3g}")
+            why.append(f"links {mine:.3g} GB/s vs the others' {med:.3g}")
         if cfg.min_gbps is not None and link[r] is not None and min(links[r]) < cfg.min_gbps:
             worst = min(links[r])
             why.append(f"a link at {worst:.3g} GB/s, under health.preflight_min_gbps = {cfg.min_gbps:g}")

@@ -211,6 +211,23 @@ def test_the_judge_names_a_slow_link_and_a_slow_device_with_their_numbers() -> N
     assert "links 0.05 GB/s vs the others' 1" in why[2] and "matmul 20 GFLOP/s vs the others' 100" in why[3]
 
 
+def test_a_slow_link_is_named_beside_a_slow_cpu_whose_links_are_slow_too() -> None:
+    """What the netns test measured: node 2's link throttled (0.019 GB/s), node 3's CPU at 3 % (its links at
+    0.047: gloo moves bytes on that CPU), the healthy links 0.08. Judged by each node's median link, node 2
+    (0.019) was within 3x of the others' (0.047): only node 3 was named."""
+    from resctl.health.preflight import judge
+
+    res = _results(4, {3: 3.5})
+    gbps = {(0, 1): 0.08, (0, 2): 0.019, (0, 3): 0.047, (1, 2): 0.019, (1, 3): 0.047, (2, 3): 0.019}
+    for (a, b), g in gbps.items():
+        res[a]["pairs"][str(b)]["gbps"] = g
+    v = judge(_cfg(margin=2.0), [0, 1, 2, 3], res, {})
+    status = {n["rank"]: n["status"] for n in v.nodes}
+    why = {n["rank"]: n["why"] for n in v.nodes}
+    assert status == {0: "ok", 1: "ok", 2: "slow", 3: "slow"}, why
+    assert "links 0.019 GB/s vs the others' 0.08" in why[2] and "matmul" in why[3] and "links" not in why[3]
+
+
 def test_exclusion_leaves_out_the_bad_nodes_only_when_enough_are_left() -> None:
     from resctl.health.preflight import judge
 
