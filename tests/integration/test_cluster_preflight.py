@@ -52,9 +52,11 @@ def _finish(procs: list[subprocess.Popen[str]], timeout: float = 120) -> list[tu
 
 
 def test_doctor_cluster_names_the_node_with_a_slow_link_and_the_node_with_a_slow_cpu(tmp_path: Path) -> None:
-    env = {**ENV, "RESCTL_HEALTH_PREFLIGHT_TIMEOUT": "60s"}  # nodes 1 and 2 start late (below): room to join
+    # Nodes 1 and 2 start late (below): room to join. 2 MB transfers at 40 Mbit/s (not 8 at 80): the same
+    # ratio to the healthy links in a quarter of the time, and less for the CPU-starved node to move.
+    env = {**ENV, "RESCTL_HEALTH_PREFLIGHT_TIMEOUT": "60s", "RESCTL_HEALTH_PREFLIGHT_MB": "2"}
     with cluster(4) as c:
-        c.slow_link(2)
+        c.slow_link(2, rate="40mbit")
         began = time.monotonic()
         # Node 3's CPU is slowed before any node can measure: nodes 0 (the store's host) and 3 start first, node 3
         # is slowed once it has reached the store (slowed from its start, its interpreter and torch import alone
