@@ -7,7 +7,7 @@ times in this job, is recorded in `<run_dir>/bad-nodes.jsonl` and, by scheduler:
   node), and the job requeued (it needs `--requeue`) so it starts again on nodes without it. A requeue ends
   every step of the job at once, the one asking for it included, so under examples/slurm/train.sbatch
   (which sets `RESCTL_SLURM_REQUEUE_FILE`) resctl only writes what the requeue should change and the batch
-  script requeues once the step has ended: `scontrol requeuehold`, `scontrol update jobid=J NumNodes=K
+  script, polling for it while the step runs, requeues: `scontrol requeuehold`, `scontrol update jobid=J NumNodes=K
   NumTasks=K` when the job should start again on the K good nodes (launch.nnodes' range allows it; Slurm
   otherwise keeps the node count and waits for a node to replace the drained one), `scontrol release`.
   Elsewhere resctl runs `scontrol requeue JOBID` itself (the node count kept). Slurm holds a requeued job
@@ -143,19 +143,20 @@ def requeue(env: Mapping[str, str] = os.environ, nodes: int | None = None) -> st
     if not job:
         return "no SLURM_JOB_ID: not requeued"
     on = f" on {nodes} node(s)" if nodes is not None else ""
-    asked = env.get(REQUEUE_FILE_ENV)
+    asked, note = env.get(REQUEUE_FILE_ENV), ""
     if asked:
         try:
             _write_request(Path(asked), requeue_updates(nodes))
-            return f"Slurm job {job} to be requeued{on} by the batch script when this step ends"
+            return f"Slurm job {job} to be requeued{on} by the batch script (asked through {REQUEUE_FILE_ENV})"
         except OSError as err:
-            on += f" (could not ask the batch script through {asked}: {err}; requeued here)"
+            note = f"; could not ask the batch script through {asked} ({err})"
     try:
         done = _run(requeue_argv(job))
     except (OSError, RuntimeError) as err:
-        return f"could not requeue Slurm job {job}: {err}"
-    kept = "; its node count is kept (examples/slurm/train.sbatch requeues on fewer)" if nodes is not None else ""
-    return f"requeued Slurm job {job} ({done}){on}{kept}"
+        return f"could not requeue Slurm job {job}: {err}{note}"
+    if nodes is not None:
+        note += f"; its node count is kept, not {nodes} (examples/slurm/train.sbatch requeues on fewer)"
+    return f"requeued Slurm job {job} ({done}){note}"
 
 
 def _write_request(path: Path, updates: list[str]) -> None:
