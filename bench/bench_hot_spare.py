@@ -55,7 +55,9 @@ with cluster(3) as c:
         except subprocess.TimeoutExpired:
             codes[i] = "timeout"
 ev = events(run_dir)
-after = [e for e in ev if e["kind"] == "step" and e["t"] > killed]
+# The first step after the spare's resume: a step of rank 0 in flight at the kill may be recorded after it.
+resumed = min((e["t"] for e in ev if e["kind"] == "resume" and e["t"] > killed), default=None)
+after = [e for e in ev if e["kind"] == "step" and resumed is not None and e["t"] > resumed]
 spare = (tmp / "n2.log").read_text()
 print({"codes": codes, "kill_to_next_step_s": round(min(e["t"] for e in after) - killed, 2) if after else None,
        "final_step": max((e["step"] for e in after), default=None), "world_after": sorted({e["rank"] for e in after}),
