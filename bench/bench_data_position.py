@@ -10,6 +10,9 @@
    step that does not save) with position tracking on (zero-edit mode) and off, in alternating
    blocks; and the two per-step pieces alone (`with_positions` of a 3-entry state, the optimizer
    step counter). Target: <= 2 us a step.
+3. Per save on a rank > 0: its own position file (`resctl.checkpoint.rankside`): the position of one
+   loader mid-epoch (`state_dict()`), encoding, the write (aside, rename) into a temp directory, and
+   the fsyncs, which run in the background writer when saves are async.
 
     python bench/bench_data_position.py                      # 10^6 and 10^8 samples (~4 GB at 10^8)
     python bench/bench_data_position.py --sizes 1000000      # quick
@@ -22,6 +25,7 @@ import statistics
 import tempfile
 import time
 import timeit
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -29,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 import resctl.checkpoint as api
 from resctl.checkpoint import dataposition as dp
+from resctl.checkpoint import rankside
 
 
 class Indices(Dataset[int]):
@@ -147,12 +152,47 @@ def per_step(blocks: int, steps: int) -> list[str]:
     ]
 
 
+def per_save(saves: int) -> list[str]:
+    """A rank > 0's own position file per save: taking the position, encoding it, writing it."""
+    loader = make(10**6, "distributed")
+    entry = dp.entry_for("per-save", loader)
+    it = iter(loader)
+    next(it)
+    root = tempfile.mkdtemp(prefix="bench-dp-rank-")
+    take, enc, write, durable, size = [], [], [], [], 0
+    for step in range(1, saves + 1):
+        t0 = time.perf_counter()
+        rec = entry.state_dict()
+        t1 = time.perf_counter()
+        data = rankside.encode({"loader": rec}, step=step, rank=1, world_size=2, run_id="bench")
+        t2 = time.perf_counter()
+        path = rankside.write(Path(root), 1, step, data)
+        t3 = time.perf_counter()
+        rankside.sync(path)
+        t4 = time.perf_counter()
+        take.append(t1 - t0)
+        enc.append(t2 - t1)
+        write.append(t3 - t2)
+        durable.append(t4 - t3)
+        size = len(data)
+    del it
+    med = statistics.median
+    return [
+        f"| the position (state_dict) | {med(take) * 1e3:.3f} ms |",
+        f"| encode (torch.save + weights_only check + CRC32) | {med(enc) * 1e3:.3f} ms |",
+        f"| write aside and rename, in save | {med(write) * 1e3:.3f} ms |",
+        f"| fsync of the file and its directory, in the background writer when async | {med(durable) * 1e3:.3f} ms |",
+        f"| file size | {size:,} bytes |",
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1000000,100000000", help="dataset sizes; empty: per-step only")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--blocks", type=int, default=15)
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--saves", type=int, default=50, help="saves of a rank > 0's position file (0: none)")
     args = ap.parse_args()
     dp.install()
     print("| sampler | samples | what | samples skipped | time | vs epoch start |\n|---|---|---|---|---|---|")
@@ -162,9 +202,14 @@ def main() -> None:
                 continue  # RandomSampler at 10^8 needs another ~4 GB; its arithmetic is the same list
             for row in resume_rows(n, kind, args.repeats if n <= 10**7 else 1):
                 print(row, flush=True)
-    print("\n| per step | cost |\n|---|---|")
-    for row in per_step(args.blocks, args.steps):
-        print(row, flush=True)
+    if args.blocks:
+        print("\n| per step | cost |\n|---|---|")
+        for row in per_step(args.blocks, args.steps):
+            print(row, flush=True)
+    if args.saves:
+        print(f"\n| per save on a rank > 0 (median of {args.saves}) | cost |\n|---|---|")
+        for row in per_save(args.saves):
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

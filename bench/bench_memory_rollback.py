@@ -7,6 +7,12 @@ recovery's rollback (the newest step reached before the kill minus the step resu
 the state came from. The claim: every rollback <= memory_every (1), every state from memory.
 
     python bench/bench_memory_rollback.py --kills 100 [--kills-per-job 10] [--seed 27]
+
+`--every M` (M > 1) runs the kills on tests/integration/rollback_pair.py instead: two forked gloo
+ranks whose commits span many steps (as a GPU's do), `memory_every = M`, one kill after another;
+the claim is the same (every rollback <= M, every state from memory and the step's own).
+
+    python bench/bench_memory_rollback.py --every 4 --kills 100 --seed 27
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import collections
 import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +38,11 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=100)
     ap.add_argument("--kills-per-job", type=int, default=10)
     ap.add_argument("--seed", type=int, default=27)
+    ap.add_argument("--every", type=int, default=1, help="memory_every; > 1: the forked pair with long commits")
     a = ap.parse_args()
+    if a.every > 1:
+        pair(a.every, a.kills, a.seed)
+        return
     rng = random.Random(a.seed)
     found: list[tuple[int, int, str | None]] = []
     with tempfile.TemporaryDirectory(prefix="resctl-bench-rollback-") as d:
@@ -54,6 +65,21 @@ def main() -> None:
         "kills": len(found), "rollback_max": max(rollbacks), "rollback_median": statistics.median(rollbacks),
         "rollback_histogram": dict(sorted(collections.Counter(rollbacks).items())), "tiers": dict(tiers),
         "within_memory_every": sum(r <= 1 for r in rollbacks),
+    }))
+
+
+def pair(every: int, kills: int, seed: int) -> None:
+    script = Path(__file__).resolve().parents[1] / "tests" / "integration" / "rollback_pair.py"
+    with tempfile.TemporaryDirectory(prefix="resctl-bench-rollback-") as d:
+        out = subprocess.run([sys.executable, str(script), d, "--every", str(every), "--kills", str(kills),
+                              "--seed", str(seed)], capture_output=True, text=True, check=True).stdout
+    lines = [json.loads(line) for line in out.splitlines()]
+    rollbacks = [k["reached"] - k["resumed"] for k in lines[:-1]]
+    print(json.dumps({
+        "every": every, "kills": len(rollbacks), "rollback_max": max(rollbacks),
+        "rollback_median": statistics.median(rollbacks),
+        "rollback_histogram": dict(sorted(collections.Counter(rollbacks).items())),
+        "in_commit": lines[-1]["in_commit"], "within_memory_every": sum(r <= every for r in rollbacks),
     }))
 
 

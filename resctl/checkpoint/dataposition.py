@@ -1,8 +1,9 @@
 """Where each DataLoader of the job stands, saved in the checkpoint, and an exact resume mid-epoch.
 
 A resumed run must see the batches the uninterrupted run would have seen next. This module
-records, per loader, what that takes (in the same verified checkpoint as the model, disk and
-memory tier alike, as an ordinary `state_dict()` entry), and fast-forwards the loader's *index*
+records, per loader and per rank, what that takes (in the same verified checkpoint as the model, disk
+and memory tier alike, as an ordinary `state_dict()` entry marked `resctl_per_rank`: ranks > 0 keep
+theirs beside rank 0's disk checkpoint, `resctl.checkpoint.rankside`), and fast-forwards the loader's *index*
 stream on resume, so the skipped samples are never loaded, with `num_workers > 0` too: the
 workers are only ever sent the remaining indices.
 
@@ -23,7 +24,8 @@ put in place, the loader's iterator is created over a `_Resumed` index sampler w
 starts at the recorded position (`list_iterator.__setstate__`: O(1) past the sampler's own list;
 DistributedSampler's randperm of the dataset is paid as in every epoch of the uninterrupted run),
 then torch's global RNG is put back to what the script restored. With a different world size a
-DistributedSampler resumes by the job's global sample count (`resplit`); other samplers refuse.
+DistributedSampler resumes by the job's global sample count (`resplit`); other map-style samplers
+refuse (`DataPositionMismatch`: exit 2); an iterable dataset's state is not applied (approximate).
 
 Two ways in: a loader or sampler in the checkpoint `state` (`entry_for`, used by
 `resctl.checkpoint.load/save/maybe_save`), or every loader of the script (`REGISTRY.auto`, the
@@ -230,6 +232,12 @@ def decode(rec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _unsplittable(rec: Mapping[str, Any], world: int) -> bool:
+    """A map-style position taken with another world size by a sampler without a job-wide order."""
+    return (rec.get("world_size") != world and not rec.get("iterable")
+            and (rec.get("sampler") or {}).get("kind") != "distributed")
+
+
 # --- the resumed pass --------------------------------------------------------------------------
 
 
@@ -401,6 +409,13 @@ class Track:
         if not rec.get("started") or rec.get("done"):
             return None
         name = f"data loader {self.key!r}"
+        rank, world = _world()
+        if _unsplittable(rec, world):  # first: a per-rank shard's length changes with the world size too
+            raise DataPositionMismatch(
+                f"{name}: the world size changed ({rec['world_size']} -> {world}) and a "
+                f"{type(loader.sampler).__name__} keeps no job-wide order to re-split (only a DistributedSampler "
+                f"does); resume with {rec['world_size']} ranks, or start from a new checkpoint.dir (or set "
+                "checkpoint.data_position = false to start this epoch over)")
         if rec.get("fingerprint") != fingerprint(loader):
             raise DataPositionMismatch(
                 f"{name}: the checkpoint's position is for {rec.get('fingerprint')}, this loader is "
@@ -415,7 +430,6 @@ class Track:
                       "resumes its epochs its own way)")
             return None
         s, now = rec["sampler"], describe_sampler(loader.sampler)
-        rank, world = _world()
         if s["kind"] == "distributed":
             keys = ("n", "shuffle", "seed", "drop_last")
             if [s[k] for k in keys] != [now[k] for k in keys]:
@@ -434,18 +448,21 @@ class Track:
                               f"epoch {epoch} resumes after the job's first {s['global']} samples, re-split over "
                               f"{now['num_replicas']} ranks")
                 return Plan(skip=0, resplit=True, global_=int(s["global"]))
-        elif rec["world_size"] != world:
-            raise DataPositionMismatch(
-                f"{name}: the world size changed ({rec['world_size']} -> {world}) and a "
-                f"{type(loader.sampler).__name__} keeps no job-wide order to re-split; resume with "
-                f"{rec['world_size']} ranks, or start from a new checkpoint.dir")
         elif s["kind"] == "random" and rec["rank"] != rank:
-            self.note("approximate", f"{name}: rank {rank} resumes from rank {rec['rank']}'s record (a disk "
-                      "checkpoint keeps rank 0's): its RandomSampler order may differ from the uninterrupted run")
+            self.note("approximate", f"{name}: rank {rank} resumes from rank {rec['rank']}'s record (this rank "
+                      "saved no position of its own: the script saves on rank 0 only, or the position came from "
+                      "an intercepted torch.save): its RandomSampler order may differ from the uninterrupted run")
         return Plan(skip=int(rec["consumed"]))
 
     def _plan_iterable(self, rec: Mapping[str, Any], loader: DataLoader[Any], name: str) -> Plan | None:
         state = rec.get("dataset_state")
+        rank, world = _world()
+        if state is not None and (rec["rank"], rec["world_size"]) != (rank, world):
+            self.note("approximate", f"{name}: position approximate: the checkpoint holds the iterable dataset "
+                      f"state of rank {rec['rank']} of {rec['world_size']}, not of this rank {rank} of {world} "
+                      "(another world size, or this rank saved no position of its own), so its stream restarts "
+                      "from the beginning")
+            return None
         if state is not None and is_stateful(loader.dataset) and loader.num_workers == 0:
             loader.dataset.load_state_dict(state)  # type: ignore[attr-defined]
             self.note("resumed", f"{name}: the iterable dataset resumed from its own state_dict() after "
@@ -613,12 +630,16 @@ class Registry:
         return track
 
     def _claim(self, track: Track, loader: DataLoader[Any]) -> None:
-        fp = fingerprint(loader)
-        for i, rec in enumerate(self.waiting):
-            if rec.get("fingerprint") == fp:
-                track.pending = self.waiting.pop(i)
-                track.pending["key"] = track.key
-                return
+        """The waiting position of `loader`: the first of its fingerprint; else, with another world size,
+        the first one that cannot be re-split (its loader's fingerprint changes with the world size when
+        it reads a per-rank shard: the resume is refused rather than silently started over)."""
+        fp, world = fingerprint(loader), _world()[1]
+        match = next((i for i, rec in enumerate(self.waiting) if rec.get("fingerprint") == fp), None)
+        if match is None:
+            match = next((i for i, rec in enumerate(self.waiting) if _unsplittable(rec, world)), None)
+        if match is not None:
+            track.pending = self.waiting.pop(match)
+            track.pending["key"] = track.key
 
     def track_for(self, loader: DataLoader[Any]) -> Track | None:
         track = self.tracks.get(loader)
@@ -724,6 +745,8 @@ def install_auto(events: Any = None, snapshots: bool = False) -> Callable[[], No
 class LoaderEntry:
     """A loader (or a sampler: the loader iterating it) as a checkpoint `state` entry."""
 
+    resctl_per_rank = True  # every rank saves its own position (`resctl.checkpoint.rankside`)
+
     def __init__(self, key: str, obj: Any) -> None:
         install()
         if REGISTRY.events is None:  # the notes go to the run's events too (the shim's checkpointer has them)
@@ -764,6 +787,8 @@ class LoaderEntry:
 
 class AutoEntry:
     """The zero-edit entry: every loader the script iterates (except those in the state already)."""
+
+    resctl_per_rank = True
 
     def __init__(self, skip: set[int]) -> None:
         self.skip = skip

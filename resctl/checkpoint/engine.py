@@ -9,6 +9,8 @@ One `Checkpointer` per process. Its one input is the profile's `[checkpoint]` se
                       files), verify a candidate, quarantine damaged ones;
 - `tiers.MemoryTiers` the memory tier in /dev/shm and the buddy node's copies;
 - `collectives`       what the ranks agree on when they load;
+- `rankside`          entries that differ per rank (data positions), one file per rank beside
+                      rank 0's checkpoint;
 - `hooks.Hooks`       the driver's seam (the shim): heartbeats, loaded, the final save's gate.
 
 A save: wait for the previous write, stage (the loop may go on), write in the background,
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, MutableMapping
 
 import torch
 
-from resctl.checkpoint import collectives, sharded
+from resctl.checkpoint import collectives, rankside, sharded
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import settings as settings_mod
 from resctl.checkpoint import state as st
@@ -48,6 +50,7 @@ from resctl.telemetry.events import NULL_LOG, EventLog
 
 if TYPE_CHECKING:
     from resctl.checkpoint.memory import MemoryTier, Snapshot
+    from resctl.checkpoint.reader import Verified
 
 log = logging.getLogger("resctl.checkpoint")
 
@@ -215,7 +218,8 @@ class Checkpointer:
             self._save_sharded(entries, stateful, step)
         elif self.rank == 0:
             self._save_plain(entries, stateful, step, snapshot if snapshot is not None and snapshot.step == step else None)
-        # Other ranks of replicated state write nothing: rank 0's copy is everyone's.
+        else:  # rank 0's copy of replicated state is everyone's; what differs per rank goes beside it
+            self._save_own(entries, rankside.names(state), step)
         blocked = time.monotonic() - t0
         self.events.emit("ckpt_stall", step=step, seconds=round(blocked, 6), waited=round(waited, 6))
         self.writes.end()
@@ -259,6 +263,25 @@ class Checkpointer:
         if snapshot is not None and inflight is not None:
             self.memory.pin(snapshot.slot, inflight)  # the slot is not overwritten while it is read
 
+    def _save_own(self, entries: dict[str, Any], names: list[str], step: int) -> None:
+        """A rank > 0's per-rank entries (`rankside`): in place now, durable in the background."""
+        if not names:
+            return
+        rank = self.rank
+        data = rankside.encode({n: entries[n] for n in names}, step=step, rank=rank, world_size=self.world_size,
+                               run_id=self.run_id)
+        try:
+            path = rankside.write(self.dir, rank, step, data)
+        except OSError as err:  # a full or broken disk: the failed-save policy, as for rank 0's write
+            self.writes.record_failure(step, err)
+            return
+
+        def job() -> None:
+            rankside.sync(path)
+            rankside.prune(self.dir, rank)
+
+        self.writes.submit(job, step, None)
+
     def maybe_save(self, state: MutableMapping[str, Any], step: int) -> bool:
         """Save when `step % interval_steps == 0`; always remember (state, step) for `save_final`.
 
@@ -270,7 +293,6 @@ class Checkpointer:
         if self._final is Final.REQUESTED and self.hooks.final_gate(step):
             return self._final_boundary()
         snap = self.memory.save(state, step) if self.memory.due(step) else None
-        self.memory.before_step(step + 1)
         if step % self.settings.interval_steps == 0:
             self.save(state, step, snapshot=snap)
             return True
@@ -453,9 +475,13 @@ class Checkpointer:
         if self.memory.every:
             step = self.memory.load(state, candidates[0][0] if candidates else 0, distributed)
             if step:
+                if self.rank:
+                    rankside.forget_newer(self.dir, self.rank, step)
                 return step
         step = self._load_disk(state, candidates, distributed)
         self.memory.forget_newer(step)
+        if self.rank:
+            rankside.forget_newer(self.dir, self.rank, step)
         if step:
             self.events.emit("ckpt_load", step=step, tier="disk", seconds=round(time.monotonic() - t0, 6))
         return step
@@ -463,6 +489,8 @@ class Checkpointer:
     def _load_disk(self, state: MutableMapping[str, Any], candidates: list[tuple[int, Path]], distributed: bool) -> int:
         for step, path in candidates:
             verified, verdict, problem = self.disk.verify(path, step, state, self.rank, self.world_size)
+            if verified is not None and verified.entries is not None:
+                verdict, problem = self._own_entries(verified, state)
             if distributed:
                 verdict = collectives.min_over_ranks(verdict)
             if verdict == collectives.MISMATCH:
@@ -478,6 +506,21 @@ class Checkpointer:
             self._resumed(verified.step, verified.manifest.run_id, verified.path)
             return step
         return 0
+
+    def _own_entries(self, verified: Verified, state: MutableMapping[str, Any]) -> tuple[int, Exception | None]:
+        """Put this rank's own per-rank entries of a verified plain checkpoint in place of rank 0's
+        (`rankside.take`); the verdict is SKIP when this rank's are damaged or missing."""
+        names = [n for n in rankside.names(state) if n in (verified.entries or {})]
+        if not names or not self.rank:
+            return collectives.OK, None
+        try:
+            own = rankside.take(self.dir, self.rank, verified.step, world_size=self.world_size,
+                                manifest=verified.manifest)
+        except (rankside.RankEntriesDamaged, rankside.RankEntriesMissing) as err:
+            return collectives.SKIP, err
+        if own is not None:
+            verified.entries.update({n: own[n] for n in names if n in own})  # type: ignore[union-attr]
+        return collectives.OK, None
 
     def _resumed(self, step: int, other: str, path: Path) -> None:
         self.writes.last_saved_step = step

@@ -214,7 +214,7 @@ class MemoryTier:
     # --- saving --------------------------------------------------------------------------------
 
     def save(self, tensors: list[torch.Tensor], structure_meta: bytes, step: int, stage: StageFn,
-             on_device: bool = False, gate_next: bool = True) -> tuple[Snapshot, float]:
+             on_device: bool = False) -> tuple[Snapshot, float]:
         """Copy `tensors` into the free slot (blocking: the caller may change them afterwards) and
         commit it in the background; return the snapshot and the seconds waited for the previous
         commit or a disk write still reading the slot.
@@ -254,34 +254,25 @@ class MemoryTier:
         if device is not None:
             self._arena_free.clear()
         snap.ready = self._commit = self._exec.submit(self._commit_slot, snap, device, staged_at, staged_at - t0, waited)
-        if gate_next:  # memory_every = 1: the very next step is the one that ends in a snapshot
-            self._gate_next_forward(snap.ready)
+        self._gate_next_forward(snap.ready)
         self.warm(total, cuda)  # the other slot, before the next snapshot needs it
         return snap, waited
-
-    def gate_commit_in_flight(self) -> None:
-        """Hold the next forward pass until the snapshot in flight is committed (if one is): called
-        before the step that ends in the next snapshot, so that no rank can finish that step, and
-        take the snapshot over its older slot, before every rank holds the newer one. A commit that
-        took less than the interval has long landed: nothing waits."""
-        commit = self._commit
-        if commit is not None and not commit.done():
-            self._gate_next_forward(commit)
 
     def _gate_next_forward(self, commit: Future[None]) -> None:
         """The next forward pass (of any module) waits until this snapshot is committed.
 
         Commits are asynchronous and each rank's finishes on its own time, so without this a rank
-        could finish step s+1 (its collective met a peer that was still checksumming step s) and
-        take snapshot s+1 over its copy of s-1 while the peer, killed now, held only s-1: no step
-        every rank holds, a resume from disk (issue 27). A rank that has not committed s does not
-        start step s+1, so no rank can finish s+1 before every rank holds s: a kill at any moment
-        leaves a common step at most `memory_every` behind the newest step reached, with two slots.
-        With `memory_every` = m > 1 the hold is placed before step s+m only (the step that ends in
-        the next snapshot, `gate_commit_in_flight`), so it costs nothing while a commit takes less
-        than the interval; a kill then leaves a common step less than 2m behind.
-        The commit still overlaps what runs before the next forward (the rest of the step's
-        bookkeeping, the data loader); a loop with no `nn.Module` forward is not held."""
+        could finish step s+1 (its collective met a peer that was still checksumming step s) while
+        the peer, killed now, held only the snapshot before s: a rollback beyond `memory_every` = m
+        (up to 2m-1 with the hold placed only before the step that ends in the next snapshot), and
+        with no hold at all no step every rank holds (issue 27). A rank that has not committed s
+        does not start step s+1, so no rank can finish s+1 before every rank holds s: a kill at any
+        moment leaves a step every rank holds at most m behind the newest step reached.
+        It waits only for what is left of the commit when the next forward starts (nothing, when
+        the commit is shorter than what runs in between: the rest of the step's bookkeeping, the
+        data loader); a loop with no `nn.Module` forward is not held. A third slot would not do:
+        the bound is about how many steps a commit may span, not how many snapshots are kept
+        (docs/checkpoint.md, "A common step after any kill")."""
         if self._gate is not None:
             self._gate.remove()
 

@@ -54,13 +54,6 @@ class MemoryTiers:
     def due(self, step: int) -> bool:
         return bool(self.every) and step % self.every == 0
 
-    def before_step(self, step: int) -> None:
-        """Called at the boundary before `step`: when `step` ends in a snapshot (memory_every > 1),
-        its forward waits for the commit still in flight (`MemoryTier.gate_commit_in_flight`)."""
-        tier = self._memory
-        if self.every > 1 and self.due(step) and tier is not None and self.off is None:
-            tier.gate_commit_in_flight()
-
     def tier(self) -> MemoryTier | None:
         """This rank's memory tier (created on first use), or None when off or turned off."""
         if not self.every or self.off is not None:
@@ -88,8 +81,7 @@ class MemoryTiers:
         try:
             structure = st.flatten(entries, tensors, {})  # a sharded state raises: not supported here
             meta = self._encode_meta(step, structure, stateful)
-            snap, _ = tier.save(tensors, meta, step, self._staging.stage, on_device=self.stage == "device",
-                                gate_next=self.every == 1)
+            snap, _ = tier.save(tensors, meta, step, self._staging.stage, on_device=self.stage == "device")
         except Exception as err:  # noqa: BLE001 - the disk tier goes on; the memory tier stops
             self.turn_off(err)
             return None

@@ -82,86 +82,43 @@ def report(
         info(f"wrote {html}")
 
 
-#: The recovery phases of the stats table, in order (resctl.telemetry.goodput's module docstring
-#: defines them; bench/scale measures the coordination ones at N simulated nodes).
-RECOVERY_PHASES = (
-    ("total", "total (fault -> first step)"), ("detection", "detect"), ("stop", "stop"),
-    ("rendezvous", "rendezvous"), ("start_workers", "start workers"),
-    ("restart", "restart (stop + rendezvous + start)"), ("load", "restore"), ("first_step", "first step"),
-)
-
-
-def _num(value: float | None, fmt: str = ".2f") -> str:
-    return "-" if value is None else format(value, fmt)
+TIMELINE_ROWS = 60  # rows of the terminal's event table (the rest: --json, --html)
 
 
 def _render(a: Any) -> None:
     from rich.table import Table
 
     from resctl.cli.render import out_console
+    from resctl.telemetry import report_rows as rows
 
-    cal = a.calibration
     head = Table("measure", "value", title="goodput")
-    head.add_row("wall time", f"{a.wall_s:.1f} s")
-    head.add_row("training goodput", f"{a.training_goodput:.2%}  ({a.productive_s:.1f} s of kept steps)")
-    head.add_row("infrastructure goodput", f"{a.infrastructure_goodput:.2%}  ({a.up_s:.1f} s with the workers up)")
-    head.add_row("steps", f"{a.kept_steps} kept of {a.steps_run} run; final step {a.final_step}")
-    head.add_row("ranks", f"{len(a.ranks)}")
-    head.add_row("step compute", f"{cal.step_time:.4g} s mean, {cal.step_time_p50:.4g} s p50 ({cal.step_samples} steps)")
-    snaps = f" ({a.snapshots} of them the script's torch.save snapshots)" if a.snapshots else ""
-    head.add_row("checkpoints", f"{a.checkpoints} durable{snaps}; stall {_num(cal.stall, '.4g')} s, wait "
-                                f"{_num(cal.waited, '.4g')} s, write {_num(cal.write, '.4g')} s mean; "
-                                f"interval {cal.interval_steps or '-'} steps")
-    if cal.mem_snapshots:
-        head.add_row("memory snapshots", f"{cal.mem_snapshots} (reference rank); stall {_num(cal.mem_stall, '.4g')} s, "
-                                         f"wait {_num(cal.mem_waited, '.4g')} s, commit {_num(cal.mem_commit, '.4g')} s "
-                                         f"mean; every {cal.memory_every or '-'} steps")
-    f = a.freshness
-    head.add_row("checkpoint freshness", f"mean {_num(f['mean_age_steps'], '.1f')} steps / {_num(f['mean_age_s'], '.1f')} s, "
-                                         f"max {_num(f['max_age_steps'], '.0f')} steps / {_num(f['max_age_s'], '.1f')} s")
-    if a.failed_saves or a.skipped_checkpoints:
-        last = f"; last: {a.last_save_error}" if a.last_save_error else ""
-        head.add_row("checkpoint problems", f"{a.failed_saves} failed save(s){last}; {a.skipped_checkpoints} "
-                                            "damaged or unusable checkpoint(s) skipped by a load (see ckpt_skip)")
-    if a.damaged_lines:
-        head.add_row("events", f"{a.damaged_lines} damaged line(s) skipped (not valid records, see docs/events.md)")
+    for measure, value in rows.summary_rows(a):
+        head.add_row(measure, value)
     out_console.print(head)
 
     if a.recoveries:
-        stats = Table("recovery (s)", "p50", "p95", "max", title=f"recovery of {len(a.recoveries)} fault(s)")
-        for phase, label in RECOVERY_PHASES:
-            s = a.recovery_stats.get(phase)
-            if s is not None and s["count"]:
-                stats.add_row(label, _num(s["p50"]), _num(s["p95"]), _num(s["max"]))
-        r = a.rollback_stats
-        stats.add_row("rollback (steps)", _num(r["p50"], ".0f"), _num(r["p95"], ".0f"), _num(r["max"], ".0f"))
+        stats = Table(*rows.STATS_HEAD, title=f"recovery of {len(a.recoveries)} fault(s)")
+        for row in rows.stats_rows(a):
+            stats.add_row(*row)
         out_console.print(stats)
-        per = Table("#", "t (s)", "fault", "total (s)", "rollback", title="faults")
-        phases = Table("#", "detect", "stop", "rendezvous", "start workers", "restore", "first step",
-                       title="recovery phases per fault (s)")
-        for i, rec in enumerate(a.recoveries, 1):
-            who = "" if rec.rank is None else f" r{rec.rank}"
-            per.add_row(str(i), f"{rec.t_fault:.1f}", f"{rec.layer}: {rec.cause}{who}" + ("*" if rec.injected else ""),
-                        _num(rec.total) if rec.total is not None else "none",
-                        f"{rec.last_step}->{rec.resumed_step}" + (f" ({rec.tier})" if rec.tier else ""))
-            phases.add_row(str(i), _num(rec.detection), _num(rec.stop), _num(rec.rendezvous), _num(rec.start_workers),
-                           _num(rec.load), _num(rec.first_step))
+        per = Table(*rows.RECOVERY_HEAD, title="faults")
+        for row in rows.recovery_rows(a):
+            per.add_row(*row)
         out_console.print(per)
+        phases = Table(*rows.PHASE_HEAD, title="recovery phases per fault (s)", caption=rows.PHASES_NOTE)
+        for row in rows.phase_rows(a):
+            phases.add_row(*row)
         out_console.print(phases)
         if any(rec.injected for rec in a.recoveries):
             out_console.print("* injected by a fault drill")
-        causes = Table("restart cause", "count", title="restart causes")
-        for cause, count in sorted(a.causes.items(), key=lambda kv: -kv[1]):
-            causes.add_row(cause, str(count))
+        causes = Table(*rows.CAUSE_HEAD, title="restart causes")
+        for row in rows.cause_rows(a):
+            causes.add_row(*row)
         out_console.print(causes)
     else:
         out_console.print("no faults: the run never restarted")
 
     timeline = Table("t (s)", "rank", "cycle", "iter", "event", "detail", title="timeline (steps and stalls omitted)")
-    shown = [e for e in a.timeline if e["kind"] != "ckpt_persist"]
-    for e in shown[:60]:
-        detail = " ".join(f"{k}={e[k]}" for k in ("step", "tier", "cause", "layer", "status", "reason", "source") if k in e)
-        timeline.add_row(f"{e['t']:.2f}", str(e["rank"]), str(e["cycle"]), str(e["iteration"]), e["kind"], detail)
-    if len(shown) > 60:
-        timeline.add_row("...", "", "", "", f"{len(shown) - 60} more (see --json)", "")
+    for row in rows.timeline_rows(a, TIMELINE_ROWS):
+        timeline.add_row(*row)
     out_console.print(timeline)

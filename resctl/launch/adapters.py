@@ -16,8 +16,11 @@ torch, and the launcher's slow paths, are bridged without forking NVRx. Every ch
   shim leaves at once instead of saving, and both wait at most `--workers-stop-timeout`.
 - **Done when exited.** A forked worker that exits 0 without a return value (`sys.exit()`,
   `os._exit(0)`) is done; torch waited for its value forever (`_done_when_exited`).
-- **torchrun's master address.** `--master-addr`/`--master-port` reach the workers as MASTER_ADDR and
-  MASTER_PORT, as torchrun's static rendezvous gives them (`_torchrun_master`).
+- **torchrun's store.** The workers' MASTER_ADDR/MASTER_PORT are the launcher's rendezvous store and
+  TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun: no worker hosts the group's store, so none
+  takes it away from the others when it ends first (`_agent_store`).
+- **No abbreviations.** A script's argument (`--workers`) is never read as an abbreviation of a
+  launcher option (`--workers-stop-timeout`): argparse's `allow_abbrev` is off (`_no_abbreviations`).
 - **Titles.** The launcher, each worker and each rank monitor name themselves (`resctl.launch.titles`).
 - **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
   default). Its sleep now also ends when a worker process exits (pidfd), so neither a dead rank nor
@@ -211,30 +214,66 @@ def _polling_exits(poll: Any) -> Any:
     return poll_exits
 
 
-MASTER_ADDR_ENV, MASTER_PORT_ENV = "RESCTL_MASTER_ADDR", "RESCTL_MASTER_PORT"
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
 
-def _torchrun_master(patches: Patches) -> None:
-    """Workers get the `--master-addr`/`--master-port` the user gave, as torchrun's do.
+def _tcp_store(store: Any) -> Any:
+    """The TCPStore under `store` (the rendezvous hands the agent a PrefixStore over it), or None."""
+    import torch.distributed as dist
 
-    torchrun's static rendezvous hands them to the workers as MASTER_ADDR/MASTER_PORT; NVRx's c10d
-    rendezvous ignores both and gives the workers a free port, so a script that builds its process
-    group on that port (`init_method="tcp://host:PORT"`, PyTorch's own launcher tests) did not meet
-    the others there. The plan names them in RESCTL_MASTER_ADDR/PORT (`resctl.launch.plan`); the
-    rendezvous itself runs on another port (`resctl.launch.rendezvous`)."""
-    addr, port = os.environ.get(MASTER_ADDR_ENV), os.environ.get(MASTER_PORT_ENV)
-    if not addr and not port:
-        return
+    for _ in range(8):  # PrefixStores nest a few deep at most
+        if isinstance(store, dist.TCPStore):
+            return store
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+    return None
+
+
+class _SharedStore:
+    """Where this cycle's workers were sent: the rendezvous store's (host, port), or None."""
+
+    endpoint: tuple[str, int] | None = None
+
+
+def _agent_store(patches: Patches) -> None:
+    """Workers use the launcher's rendezvous store as theirs, as torchrun's do.
+
+    torchrun (torch >= 2.4, c10d rendezvous) gives its workers the agent's TCPStore: MASTER_ADDR and
+    MASTER_PORT are the rendezvous store's and TORCHELASTIC_USE_AGENT_STORE=True, so `env://` and
+    `tcp://MASTER_ADDR:MASTER_PORT` connect to a store that outlives every worker. NVRx's launcher
+    (0.4/0.5) hands out a free port that rank 0's worker then hosts: when rank 0 left first, a peer's
+    last store call failed (a C++ stack on the console, and a rank that finished counted as failed).
+    `_get_master_addr_port` (read by every node's agent before it starts workers) now answers with the
+    rendezvous store's endpoint, and the workers' environment says the store is the agent's. With
+    `--master-port` the rendezvous itself runs on that port (`resctl.launch.rendezvous`), so the
+    workers' MASTER_PORT is the one the user gave, as under torchrun. A store that is not a TCPStore
+    leaves NVRx's behaviour as it is."""
     try:  # NVRx 0.4/0.5 carry their own copy of torch elastic; 0.6+ use torch's
         from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
     except ImportError:
         from torch.distributed.elastic.agent.server import api  # type: ignore[no-redef]
-    original = api.SimpleElasticAgent._set_master_addr_port
+    from nvidia_resiliency_ext.fault_tolerance import launcher
 
-    def set_master_addr_port(store: Any, master_addr: Any, master_port: Any, *args: Any, **kwargs: Any) -> Any:
-        return original(store, addr or master_addr, int(port) if port else master_port, *args, **kwargs)
+    if not hasattr(api.SimpleElasticAgent, "_get_master_addr_port") or not hasattr(launcher, "start_processes"):
+        return
+    get_master = api.SimpleElasticAgent._get_master_addr_port
+    start_processes = launcher.start_processes
 
-    patches.set(api.SimpleElasticAgent, "_set_master_addr_port", staticmethod(set_master_addr_port))
+    def shared_master(store: Any) -> Any:
+        tcp = _tcp_store(store)
+        _SharedStore.endpoint = None if tcp is None else (str(tcp.host), int(tcp.port))
+        return _SharedStore.endpoint or get_master(store)
+
+    def start_sharing(*args: Any, **kwargs: Any) -> Any:
+        endpoint = _SharedStore.endpoint
+        for env in (kwargs.get("envs") or {}).values() if endpoint else ():
+            if env.get("MASTER_PORT") == str(endpoint[1]):  # this cycle's workers were sent there
+                env[AGENT_STORE_ENV] = "True"
+        return start_processes(*args, **kwargs)
+
+    patches.set(api.SimpleElasticAgent, "_get_master_addr_port", staticmethod(shared_master))
+    patches.set(launcher, "start_processes", start_sharing)
 
 
 class _WakeOnWorkerExit:
@@ -453,13 +492,35 @@ def _die_with_parent(sig: int) -> None:
     die_with_parent(sig)
 
 
+def _no_abbreviations(patches: Patches) -> None:
+    """The script's own arguments are never taken for the launcher's.
+
+    argparse matches abbreviated options while it scans the whole command line, the script's
+    arguments included, so `resctl run train.py --workers 0` failed with "ambiguous option: --workers
+    could match --workers-stop-timeout, ..." (NVRx's options; torchrun has none starting so). resctl
+    writes every launcher option in full, so abbreviations are off."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    if not hasattr(launcher, "get_args_parser"):
+        return
+    get_args_parser = launcher.get_args_parser
+
+    def parser_without_abbreviations(*args: Any, **kwargs: Any) -> Any:
+        parser = get_args_parser(*args, **kwargs)
+        parser.allow_abbrev = False
+        return parser
+
+    patches.set(launcher, "get_args_parser", parser_without_abbreviations)
+
+
 def apply_adapters() -> list[str]:
     """Patch what the installed versions need (once); returns what was patched."""
     if PATCHES:
         return []
     _bridge_versions(PATCHES)
     _done_when_exited(PATCHES)
-    _torchrun_master(PATCHES)
+    _agent_store(PATCHES)
+    _no_abbreviations(PATCHES)
     if stop.ENV in os.environ:  # the quick stops need the marker file main() set up
         _quick_restart_stops(PATCHES)
     _wake_on_worker_exit(PATCHES)

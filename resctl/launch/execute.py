@@ -16,7 +16,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from resctl.errors import LaunchError, UsageError
 from resctl.launch import lifeline, rendezvous, stop
@@ -168,6 +168,9 @@ def exit_code(code: int, received: Sequence[int]) -> int:
 EXIT_SLACK = 5.0
 
 
+_OWN_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
+
 def wait_stopping(child: "subprocess.Popen[bytes]", received: Sequence[int], term_timeout: float,
                   on_event: Callable[[str], None]) -> int:
     """Wait for the launcher; once a stop was forwarded, SIGKILL its whole process tree if it is
@@ -241,7 +244,11 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     # Handlers go in before the launcher starts: a signal in between must not orphan it.
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
-        child = subprocess.Popen(launcher_program() + launch_plan.args, env=env)
+        # Its own process group: a Ctrl-C (SIGINT to the terminal's foreground group) reaches only
+        # `resctl run`, which forwards it once. In resctl's group the launcher got it twice (the
+        # terminal's and the forwarded one): the second landed while it was SIGINTing the workers, and
+        # it SIGTERMed them instead, before their `except KeyboardInterrupt:` cleanup ran.
+        child = subprocess.Popen(launcher_program() + launch_plan.args, env=env, **_OWN_GROUP)
         children.append(child)
         for signum in received:  # arrived while the launcher was starting
             child.send_signal(signum)

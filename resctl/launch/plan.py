@@ -264,13 +264,7 @@ def plan(
         if "PYTHONUNBUFFERED" not in user_env:  # what `python -u` gives exec'd workers, less the variable
             env["PYTHONUNBUFFERED"] = "1"
             env[ADDED_ENV] = "PYTHONUNBUFFERED"  # a forked worker drops it again (shim/forked.py)
-    # torchrun's worker environment, where NVRx's differs (adapters._torchrun_master for the master port).
-    if launch.master_addr:
-        env["RESCTL_MASTER_ADDR"] = launch.master_addr
-    elif rendezvous.standalone:
-        env["RESCTL_MASTER_ADDR"] = "127.0.0.1"  # torchrun's default; ft_launcher would give this host's FQDN
-    if launch.master_port is not None:
-        env["RESCTL_MASTER_PORT"] = str(launch.master_port)
+    # The workers' MASTER_ADDR/MASTER_PORT are the rendezvous store's (adapters._agent_store).
     if "TORCHELASTIC_SIGNALS_TO_HANDLE" not in user_env:
         env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = TORCHRUN_SIGNALS
     env["RESCTL_RUN_DIR"] = str(run_dir)

@@ -13,13 +13,13 @@ scheduler can be tested from fixture environments. Rules, first match wins:
 3. **pytorchjob** -- Kubeflow's ``PET_RDZV_ENDPOINT`` (elastic) or ``MASTER_ADDR`` with ``RANK`` /
    ``PET_NODE_RANK``.
 4. **slurm** -- ``SLURM_JOB_ID``: rank 0 is the first host of the step's (else the job's) nodelist.
-5. **standalone** -- a single node: ``127.0.0.1:0``.
+5. **standalone** -- a single node: ``localhost:0`` (``127.0.0.1:PORT`` with ``--master-port``), as torchrun.
 
 Standalone uses port 0 on purpose. ft_launcher's own ``--standalone`` does the same
 (``localhost:0`` plus a fresh uuid4 run id): the c10d TCPStore binds port 0 when it starts, so
 two jobs on one host never collide, and there is no window between choosing a free port and
 binding it, as there would be if resctl bound port 0, closed it and passed the number on. resctl
-passes ``--rdzv-endpoint 127.0.0.1:0 --rdzv-id <run_id>`` itself instead of ``--standalone``
+passes ``--rdzv-endpoint localhost:0 --rdzv-id <run_id>`` itself instead of ``--standalone``
 because ``--standalone`` replaces the run id with one resctl never sees.
 
 The run id names the rendezvous and resctl's run directory. It must be the same on every node
@@ -46,7 +46,7 @@ from resctl.profile.schema import Launch, nnodes_range, split_endpoint
 
 __all__ = ["Rendezvous", "detect", "expand_hostlist", "first_host", "fresh_run_id"]
 
-STANDALONE_ENDPOINT = "127.0.0.1:0"
+STANDALONE_ENDPOINT = "localhost:0"  # torchrun's own single-node default (its workers' MASTER_ADDR)
 SA_NAMESPACE_FILE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
 UID_ENV = "JOB_UID"
 JOB_NAME_ENV = "JOB_NAME"
@@ -62,7 +62,7 @@ class Rendezvous:
     """Where and under which id the nodes of one job meet.
 
     Attributes:
-        endpoint: "host:port" of the c10d store; "127.0.0.1:0" when standalone (the store picks
+        endpoint: "host:port" of the c10d store; "localhost:0" when standalone (the store picks
             a free port as it binds).
         run_id: unique per job, the same on every node and across pod/node restarts of the job;
             never "none".
@@ -125,10 +125,6 @@ def detect(
 # --- explicit and standalone ------------------------------------------------------------------
 
 
-def _beside(port: int) -> int:
-    return port + 1 if port < 65535 else port - 1
-
-
 def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Callable[[], str]) -> Rendezvous:
     # The schema has already refused conflicting settings (standalone with an endpoint, two hosts, port 0
     # across nodes): `profile validate` and `run` share those rules.
@@ -138,11 +134,11 @@ def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Cal
         host, port = _split_endpoint(launch.rdzv_endpoint.strip(), launch.rdzv_port, "launch.rdzv_endpoint")
         why = f"launch.rdzv_endpoint = {launch.rdzv_endpoint}"
     else:
-        # The master port is the workers' MASTER_PORT, as under torchrun (launch.adapters): the
-        # rendezvous takes the next one.
-        host, port = launch.master_addr, _beside(launch.master_port) if launch.master_port else launch.rdzv_port
+        # The rendezvous store is the workers' store too (launch.adapters._agent_store), as under
+        # torchrun: the master port is both.
+        host, port = launch.master_addr, launch.master_port or launch.rdzv_port
         why = f"launch.master_addr = {launch.master_addr}, port {port}" + (
-            f" (launch.master_port + 1: {launch.master_port} is the workers' MASTER_PORT)" if launch.master_port else "")
+            " (launch.master_port: the workers' MASTER_PORT, as under torchrun)" if launch.master_port else "")
     endpoint = _join_endpoint(host, port)
     notes = [f"explicit endpoint {endpoint} ({why})"]
     run_id = _profile_run_id(launch)
@@ -172,11 +168,13 @@ def _standalone(launch: Launch, new_id: Callable[[], str], source: str, why: tup
             "or run under a Kubernetes Indexed Job, a PyTorchJob or Slurm"
         )
     run_id = _profile_run_id(launch) or new_id()
-    notes = why + (
-        f"endpoint {STANDALONE_ENDPOINT}: the store binds a free port itself, so jobs on one host do not collide",
-        f"run id {run_id!r}" + (" from launch.rdzv_id" if _profile_run_id(launch) else ": fresh"),
-    )
-    return Rendezvous(STANDALONE_ENDPOINT, run_id, True, 0, None, True, source, notes)
+    endpoint = STANDALONE_ENDPOINT
+    where = f"endpoint {endpoint}: the store binds a free port itself, so jobs on one host do not collide"
+    if launch.master_port:  # the workers' MASTER_PORT, as under torchrun (launch.adapters._agent_store)
+        endpoint = _join_endpoint("127.0.0.1", launch.master_port)
+        where = f"endpoint {endpoint} (launch.master_port: the workers' MASTER_PORT, as under torchrun)"
+    notes = (*why, where, f"run id {run_id!r}" + (" from launch.rdzv_id" if _profile_run_id(launch) else ": fresh"))
+    return Rendezvous(endpoint, run_id, True, 0, None, True, source, notes)
 
 
 # --- Kubernetes Indexed Job -------------------------------------------------------------------

@@ -94,15 +94,24 @@ def report_uncaught(err: BaseException) -> None:
     _flush()
 
 
+#: Set once the script has ended (returned or raised): the worker is on its way out, printing its exit
+#: message or traceback, joining threads, running atexit. A restart stop then lets it finish
+#: (`resctl.shim.runtime.Shim.on_restart_stop`), as torchrun's slower stop does.
+over = threading.Event()
+
+
 def run(body: Callable[[], None]) -> Ending:
     """Run the script (`body`) and return how it ended; an uncaught exception is reported first."""
     try:
         body()
     except SystemExit as exit_:
+        over.set()
         return Ending(exit_status(exit_.code), exit_ if exit_.code not in (None, 0) else None)
     except BaseException as err:  # noqa: BLE001 - every ending is the interpreter's
+        over.set()
         report_uncaught(err)
         return Ending(1, err, by_sigint=isinstance(err, KeyboardInterrupt))
+    over.set()
     return Ending(0)
 
 

@@ -1,11 +1,12 @@
 """Run the user's script inside NVRx `inprocess.Wrapper`: after a fault in any rank, every
 healthy rank re-runs the script from the top in the same interpreter.
 
-Stores and ports. ft_launcher gives each cycle a fresh free `MASTER_PORT` on the rank-0 node.
-The shim hosts one *application* TCPStore there (rank 0) for the whole process. The wrapper's own
-store needs a second port: rank 0 picks a free one (bind to port 0) and publishes it through the
-application store, so it collides neither with the launcher's rendezvous port nor with another
-job on the host. The port is passed to the wrapper as a plain number in `store_kwargs`, because
+Stores and ports. The workers' `MASTER_ADDR:MASTER_PORT` is the launcher's rendezvous store, as
+under torchrun (`resctl.launch.adapters._agent_store`); the shim keeps one *application* client of
+it for the whole process (rank 0 hosts it only where a launcher gives workers a port of their own).
+The wrapper's own store is hosted by rank 0: it picks a free port (bind to port 0) on an address
+of its own node and publishes both through the application store, so it collides neither with the
+rendezvous port nor with another job on the host. The port is passed to the wrapper as a plain number in `store_kwargs`, because
 NVRx *forks* a monitor process per rank that builds its own store from the same kwargs (rank 0's
 monitor tries to host, finds the port taken by its parent and connects as a client — NVRx's
 design). A store object in the kwargs would be shared across the fork; a factory that chose the
@@ -43,6 +44,7 @@ from typing import Any, Callable, Protocol
 
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
+from resctl.shim.agent_store import uses_agent_store
 from resctl.shim.fresh import FreshState
 from resctl.shim.target import Target, run_target
 from resctl.telemetry.events import EventLog
@@ -65,7 +67,7 @@ class RestartHost(Protocol):
 
     def settle_checkpoint(self) -> None: ...
 
-PORT_KEY = "resctl/wrapper_store_port/{cycle}"
+PORT_KEY = "resctl/wrapper_store/{cycle}"
 
 
 def _seconds(value: float) -> datetime.timedelta:
@@ -73,35 +75,41 @@ def _seconds(value: float) -> datetime.timedelta:
 
 
 def app_store() -> Any:
-    """The shim's TCPStore on MASTER_PORT (hosted by rank 0), kept for the whole process."""
+    """The shim's client of the workers' store on MASTER_ADDR:MASTER_PORT, kept for the whole process
+    (rank 0 hosts it when the launcher's store is not the workers')."""
     import torch.distributed as dist
 
     rank = int(os.environ["RANK"])
+    agent_store = uses_agent_store()
     return dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
-        is_master=rank == 0, timeout=datetime.timedelta(seconds=300), wait_for_workers=False,
+        is_master=rank == 0 and not agent_store, timeout=datetime.timedelta(seconds=300), wait_for_workers=False,
     )
 
 
-def free_port(host: str) -> int:
-    """A port that is free on `host` now (the OS picks it; the wrapper binds it moments later)."""
+def free_endpoint(host: str) -> tuple[str, int]:
+    """(address, port) where this process can host a store now: `host` when it is an address of this
+    node (MASTER_ADDR on the rendezvous host), else this node's name; the OS picks a free port and
+    the wrapper binds it moments later."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, 0))
-        except OSError:  # MASTER_ADDR may be a name of this host that does not resolve to a local address
+        except OSError:  # the rendezvous runs on another node, or the name is not a local address
             s.bind(("", 0))
-        return int(s.getsockname()[1])
+            host = socket.getfqdn()
+        return host, int(s.getsockname()[1])
 
 
-def wrapper_store_port(app: Any, rank: int, cycle: int) -> int:
-    """Rank 0 chooses the wrapper store's port and publishes it; the others read it."""
+def wrapper_store_endpoint(app: Any, rank: int, cycle: int) -> tuple[str, int]:
+    """Rank 0 chooses where the wrapper's store is and publishes it; the others read it."""
     key = PORT_KEY.format(cycle=cycle)
     if rank == 0:
-        port = free_port(os.environ.get("MASTER_ADDR", ""))
-        app.set(key, str(port))
-        return port
-    return int(app.get(key))
+        host, port = free_endpoint(os.environ.get("MASTER_ADDR", ""))
+        app.set(key, f"{host} {port}")
+        return host, port
+    host, port = app.get(key).decode().rsplit(" ", 1)
+    return host, int(port)
 
 
 def _socket_inodes() -> dict[int, str]:
@@ -177,7 +185,7 @@ def gloo_abort(sockets: GlooSockets) -> Any:
     return AbortGloo()
 
 
-def build_wrapper(shim: RestartHost, port: int, sockets: GlooSockets | None = None) -> Any:
+def build_wrapper(shim: RestartHost, store: tuple[str, int], sockets: GlooSockets | None = None) -> Any:
     """An `inprocess.Wrapper` configured from the profile's `[inprocess]` section."""
     from nvidia_resiliency_ext import inprocess
 
@@ -199,7 +207,7 @@ def build_wrapper(shim: RestartHost, port: int, sockets: GlooSockets | None = No
         store_factory=inprocess.store.TCPStore,
         abort=gloo_abort(sockets) if sockets is not None else inprocess.abort.AbortTorchDistributed(),
         store_kwargs={
-            "host_name": os.environ["MASTER_ADDR"], "port": port, "timeout": _seconds(cfg.barrier_timeout),
+            "host_name": store[0], "port": store[1], "timeout": _seconds(cfg.barrier_timeout),
         },
         initialize=inprocess.initialize.RetryController(
             # NVRx counts iterations (the first run is iteration 0); the key counts restarts
@@ -295,7 +303,7 @@ def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseExcep
     app = app_store()
     sockets = GlooSockets()
     announce_world(shim)
-    wrapper = build_wrapper(shim, wrapper_store_port(app, rank, shim.cycle), sockets)
+    wrapper = build_wrapper(shim, wrapper_store_endpoint(app, rank, shim.cycle), sockets)
     fresh = FreshState.capture() if shim.profile.inprocess.fresh_state else None
     patches = Patches("inprocess")
     patched_init = sockets.track(dist.init_process_group)

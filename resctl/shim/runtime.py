@@ -33,7 +33,7 @@ from resctl.checkpoint import memdir
 from resctl.drills import KINDS, FaultKind
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
-from resctl.shim import ending, fork_env, forked, snapshots
+from resctl.shim import agent_store, ending, fork_env, forked, snapshots
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
 from resctl.shim.stopstep import ANY_STEP, StopStep, StopStepUnavailable, open_for_default_group
@@ -247,7 +247,11 @@ class Shim:
 
     def on_restart_stop(self) -> None:
         """The launcher is stopping this worker to restart the group: a peer failed, so no
-        collective will complete and no final checkpoint can be made. Leave now."""
+        collective will complete and no final checkpoint can be made. Leave now, unless the script has
+        ended already: its last words (an exit message, a traceback, a thread's or atexit's output)
+        are on their way to the console, and the launcher's stop timeout still bounds the wait."""
+        if ending.over.is_set():
+            return
         self.events.emit("end", status="restart-stop", step=self.step)
         os._exit(EXIT_SIGTERM)
 
@@ -366,11 +370,11 @@ class Shim:
 
     def finish(self, status: str) -> None:
         self.events.emit("end", status=status, step=self.step)
+        self.heartbeats.close()  # first: a wait below must not read as a hung rank
         if self.stop_step is not None and status != "sigterm":  # a stopping rank's wait has ended already
             self.stop_step.close()
             if status == "ok":
-                self.stop_step.outlast(OUTLAST)  # rank 0 hosts the store the others still wait on
-        self.heartbeats.close()
+                self.stop_step.outlast(OUTLAST)  # where rank 0 hosts the store the others still wait on
         if self.checkpointer is not None:
             self.checkpointer.drop_recycled()  # no write of this process will reuse it
         if status == "ok" and self.checkpointer is not None and not os.environ.get(memdir.LAUNCH_ENV):
@@ -398,11 +402,12 @@ class Shim:
             return result
 
         self.patches.set(dist, "init_process_group", init_process_group)
+        agent_store.prefix_per_cycle(self.patches)  # a fresh key space per cycle in the launcher's store
         original_destroy = dist.destroy_process_group
 
         def destroy_process_group(group: Any = None) -> Any:
             if group is None and shim.stop_step is not None:
-                shim.stop_step.close()  # before rank 0, which hosts the store, may leave
+                shim.stop_step.close()  # before the store may go (rank 0's, where it hosts it)
             return original_destroy(group)
 
         self.patches.set(dist, "destroy_process_group", destroy_process_group)

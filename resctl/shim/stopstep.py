@@ -5,8 +5,8 @@ each pod, a launcher its own workers. A rank that saved at "its next step bounda
 leave a peer that was already past that boundary inside the next step's collective, which then
 failed, so the peer never made its final save. Here the ranks agree on the step instead, through
 the store of the script's process group (a second and third connection to it, made once the group
-exists: the agent's TCPStore under ft_launcher, rank 0's without it, the shim's app store in
-process):
+exists: the launcher's rendezvous store under `resctl run`, as under torchrun; rank 0's where a
+launcher gives the workers a port of their own):
 
 1. The first rank to learn of the stop (its own SIGTERM, or the store's wake key) asks the
    checkpointer for a final save *first* and only then reads its latest step boundary `b`; it
@@ -42,6 +42,8 @@ import datetime
 import threading
 import time
 from typing import Any, Callable
+
+from resctl.shim.agent_store import uses_agent_store
 
 PREFIX = "resctl/stop/"
 COUNT = PREFIX + "count"
@@ -184,8 +186,9 @@ class StopStep:
     def outlast(self, timeout: float) -> None:
         """Rank 0, whose process hosts the group's store, at its clean end: wait (at most `timeout`)
         until every rank has closed, so that no rank's wait is cut by the store going away (under
-        torchrun the store is the launcher's, and outlives every worker)."""
-        if self.rank != 0:
+        torchrun the store is the launcher's, and outlives every worker). Nothing to wait for when
+        the store is the launcher's here too (resctl.launch.adapters._agent_store)."""
+        if self.rank != 0 or uses_agent_store():
             return
         try:
             self._ops.wait([wake_key(r) for r in range(self.world_size)], datetime.timedelta(seconds=timeout))

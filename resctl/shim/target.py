@@ -16,6 +16,7 @@ import os
 import runpy
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 
@@ -43,9 +44,19 @@ def new_main() -> types.ModuleType:
     return main
 
 
+def fresh_warning_filters() -> None:
+    """The warning filters a new interpreter would start the script with: the shim's imports (torch,
+    NVRx) added theirs, and a forked worker has the launcher's, which ignore everything."""
+    import resctl
+
+    warnings.filters[:] = list(resctl.STARTUP_WARNING_FILTERS)
+    warnings._filters_mutated()  # type: ignore[attr-defined]  # every module's __warningregistry__ is stale now
+
+
 def run_target(target: Target) -> None:
     """Run the target as `__main__` in this interpreter (again, after an in-process restart)."""
     sys.argv = [target.name, *target.args]
+    fresh_warning_filters()
     main = new_main()
     if target.module:
         # What `python -m` itself runs: the module's code in the (new) __main__ namespace,

@@ -114,6 +114,20 @@ class Recovery:
     start_workers: float | None = None  # ... first worker process created to the last rank's start
 
 
+#: The phases a recovery's total splits into, in order, with the words every report uses for them
+#: (the module docstring defines each; stop + rendezvous + start workers = restart). The text
+#: report, the HTML page and `recovery_stats` (a key each) read them from here.
+RECOVERY_PHASES: tuple[tuple[str, str], ...] = (
+    ("detection", "detect"), ("stop", "stop"), ("rendezvous", "rendezvous"), ("start_workers", "start workers"),
+    ("load", "restore"), ("first_step", "first step"),
+)
+#: The rows of the recovery statistics: the total first, the restart after its three parts.
+RECOVERY_STATS: tuple[tuple[str, str], ...] = (
+    ("total", "total (fault -> first step)"), *RECOVERY_PHASES[:4],
+    ("restart", "restart (stop + rendezvous + start)"), *RECOVERY_PHASES[4:],
+)
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Measured inputs of the interval model (seconds)."""
@@ -658,22 +672,14 @@ class Analyzer:
             "mean_age_steps": self.age_steps_sum / n if n else None, "max_age_steps": self.age_steps_max,
             "mean_age_s": self.age_s_sum / n if n else None, "max_age_s": self.age_s_max,
         }
-        totals = [r.total for r in recoveries if r.total is not None]
-        done = [r for r in recoveries if r.total is not None]
+        done = [r for r in recoveries if r.total is not None]  # the new epoch made a step
         return RunAnalysis(
             wall_s=wall, training_goodput=productive / wall, infrastructure_goodput=up / wall,
             productive_s=productive, up_s=up, kept_steps=kept_n, steps_run=steps_run,
             final_step=max((ep.track.last_step for ep in eps if ep.track.last_step is not None), default=0),
             recoveries=recoveries,
-            recovery_stats={
-                "total": _stats(totals),
-                "detection": _stats([r.detection for r in done]),
-                "restart": _stats([r.restart for r in done]),
-                **{phase: _stats([v for r in done if (v := getattr(r, phase)) is not None])
-                   for phase in ("stop", "rendezvous", "start_workers")},
-                "load": _stats([r.load for r in done]),
-                "first_step": _stats([r.first_step for r in recoveries if r.first_step is not None]),
-            },
+            recovery_stats={key: _stats([v for r in done if (v := getattr(r, key)) is not None])
+                            for key, _ in RECOVERY_STATS},
             rollback_stats=_stats([float(r.rollback_steps) for r in recoveries]),
             freshness=freshness,
             causes=dict(Counter(f"{r.layer}: {r.cause}" for r in recoveries)),

@@ -4,7 +4,7 @@ An operator answers from the page alone: steps completed and lost, how far each 
 back and where the state came from, how fresh the newest checkpoint was (steps and seconds),
 each restart's cause and layer (drills marked), training vs infrastructure goodput over time,
 the ranks, memory snapshots and the event timeline. Tables carry ids (`summary`, `recoveries`,
-`recovery-stats`, `causes`, `timeline`) so a test can read the rendered page.
+`recovery-phases`, `recovery-stats`, `causes`, `ranks`, `timeline`) so a test can read the rendered page.
 
 plotly.js is inlined once (about 4.7 MB), so the file opens from disk in any browser with no
 server and no network (clusters are often air-gapped). Figures: a timeline of the reference
@@ -20,27 +20,31 @@ import bisect
 import html
 from typing import Any, Iterable, Sequence
 
-from resctl.telemetry.goodput import Recovery, RunAnalysis
+from resctl.telemetry.goodput import RECOVERY_PHASES, RunAnalysis
+from resctl.telemetry.report_rows import (
+    CAUSE_HEAD,
+    PHASE_HEAD,
+    PHASES_NOTE,
+    RANK_HEAD,
+    RECOVERY_HEAD,
+    STATS_HEAD,
+    cause_rows,
+    event_detail,
+    phase_rows,
+    rank_rows,
+    recovery_rows,
+    rollback,
+    stats_rows,
+    summary_rows,
+    timeline_rows,
+)
 
-PHASES = (("detection", "#d62728"), ("restart", "#ff7f0e"), ("load", "#1f77b4"), ("first_step", "#2ca02c"))
+#: The bar colour of each recovery phase (goodput.RECOVERY_PHASES: a test checks both name the same phases)
+PHASE_COLORS = {"detection": "#d62728", "stop": "#e377c2", "rendezvous": "#ff7f0e", "start_workers": "#bcbd22",
+                "load": "#1f77b4", "first_step": "#2ca02c"}
 TIMELINE_ROWS = 2000  # rows of the event table (the rest: --json)
 RESTART_MARKS = {"launcher": ("launcher restart", "square", "#8c564b"),
                  "inprocess": ("in-process restart", "star", "#ff7f0e")}
-
-
-def _fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def state_source(a: RunAnalysis, r: Recovery) -> str:
-    """Where a recovery's state came from: the tier of its ckpt_load, else the resume's source
-    (`source=torch.load` for a script's own snapshot), as the text report's timeline says it."""
-    if r.tier:
-        return r.tier
-    later = [e for e in a.timeline if e["kind"] == "resume" and e["t"] >= r.t_fault]
-    if later and later[0].get("source"):
-        return f"source={later[0]['source']}"
-    return "no checkpoint (from scratch)" if r.resumed_step == 0 else "not recorded"
 
 
 def _step_at(a: RunAnalysis, t: float) -> int:
@@ -118,10 +122,12 @@ def figures(a: RunAnalysis) -> list[Any]:
     if a.recoveries:
         bars = go.Figure()
         labels = [f"#{i + 1} {r.layer}: {r.cause}{'*' if r.injected else ''} @ {r.t_fault:.0f}s, "
-                  f"{r.last_step}->{r.resumed_step} ({state_source(a, r)})" for i, r in enumerate(a.recoveries)]
-        for phase, color in PHASES:
-            bars.add_trace(go.Bar(y=labels, x=[getattr(r, phase) or 0.0 for r in a.recoveries],
-                                  name=phase.replace("_", " "), orientation="h", marker_color=color))
+                  f"{rollback(a, r)}" for i, r in enumerate(a.recoveries)]
+        for phase, label in RECOVERY_PHASES:  # a phase no recovery had (no `spawned`: start workers) is left out
+            seconds = [getattr(r, phase) for r in a.recoveries]
+            if any(v is not None for v in seconds):
+                bars.add_trace(go.Bar(y=labels, x=[v or 0.0 for v in seconds], name=label, orientation="h",
+                                      marker_color=PHASE_COLORS[phase]))
         # every phase in the legend, above the bars; each bar tall enough for its label
         bars.update_layout(barmode="stack", title="recovery time per fault (seconds)", template="plotly_white",
                            height=260 + 48 * len(labels), yaxis={"autorange": "reversed", "automargin": True},
@@ -132,10 +138,8 @@ def figures(a: RunAnalysis) -> list[Any]:
 
 
 def _describe(e: dict[str, Any]) -> str:
-    detail = " ".join(f"{k}={e[k]}" for k in ("step", "tier", "cause", "layer", "status", "reason", "source")
-                      if k in e)
     return f"{e['kind']}{'*' if e.get('injected') else ''} rank {e['rank']} cycle {e['cycle']} " \
-           f"iteration {e['iteration']}: {detail}"
+           f"iteration {e['iteration']}: {event_detail(e)}"
 
 
 def _table(table_id: str, head: Sequence[str], rows: Iterable[Sequence[str]], caption: str = "") -> str:
@@ -145,62 +149,6 @@ def _table(table_id: str, head: Sequence[str], rows: Iterable[Sequence[str]], ca
     return f'<table id="{table_id}">{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def summary_rows(a: RunAnalysis) -> list[tuple[str, str]]:
-    """The text report's goodput table, with the answers an operator asks first."""
-    cal, f = a.calibration, a.freshness
-    newest = a.series[-1] if a.series else None
-    rows = [
-        ("wall time", f"{a.wall_s:.1f} s"),
-        ("training goodput", f"{a.training_goodput:.2%} ({a.productive_s:.1f} s of kept steps)"),
-        ("infrastructure goodput", f"{a.infrastructure_goodput:.2%} ({a.up_s:.1f} s with the workers up)"),
-        ("steps completed", f"{a.kept_steps} kept of {a.steps_run} run; final step {a.final_step}"),
-        ("steps lost", f"{a.steps_run - a.kept_steps} rolled back and run again"),
-        ("ranks", f"{len(a.ranks)}: {', '.join(map(str, a.ranks))}"),
-        ("step compute", f"{cal.step_time:.4g} s mean, {cal.step_time_p50:.4g} s p50 ({cal.step_samples} steps)"),
-        ("checkpoints", f"{a.checkpoints} durable" + (f" ({a.snapshots} of them the script's torch.save snapshots)"
-                                                    if a.snapshots else "")
-         + f"; stall {_fmt(cal.stall, '.4g')} s, wait {_fmt(cal.waited, '.4g')} s, write {_fmt(cal.write, '.4g')} s "
-           f"mean; interval {cal.interval_steps or '-'} steps"),
-    ]
-    if cal.mem_snapshots:
-        rows.append(("memory snapshots", f"{cal.mem_snapshots} (reference rank); stall {_fmt(cal.mem_stall, '.4g')} s, "
-                                         f"wait {_fmt(cal.mem_waited, '.4g')} s, commit {_fmt(cal.mem_commit, '.4g')} s "
-                                         f"mean; every {cal.memory_every or '-'} steps"))
-    rows.append(("checkpoint freshness", f"mean {_fmt(f['mean_age_steps'], '.1f')} steps / {_fmt(f['mean_age_s'], '.1f')} s, "
-                                         f"max {_fmt(f['max_age_steps'], '.0f')} steps / {_fmt(f['max_age_s'], '.1f')} s"))
-    if newest is not None:
-        rows.append(("newest checkpoint at the end", f"{newest.age_steps} steps / {newest.age_s:.1f} s old at step "
-                                                     f"{newest.step}"))
-    if a.failed_saves or a.skipped_checkpoints:
-        last = f"; last: {a.last_save_error}" if a.last_save_error else ""
-        rows.append(("checkpoint problems", f"{a.failed_saves} failed save(s){last}; {a.skipped_checkpoints} "
-                                            "damaged or unusable checkpoint(s) skipped by a load (see ckpt_skip)"))
-    rows.append(("faults", f"{len(a.recoveries)} recovered" if a.recoveries else "none: the run never restarted"))
-    if a.damaged_lines:
-        rows.append(("events", f"{a.damaged_lines} damaged line(s) skipped (not valid records, see docs/events.md)"))
-    return rows
-
-
-def recovery_rows(a: RunAnalysis) -> list[list[str]]:
-    return [[str(i + 1), f"{r.t_fault:.1f}", r.layer, r.cause + ("*" if r.injected else ""),
-             "-" if r.rank is None else str(r.rank), _fmt(r.detection), _fmt(r.restart), _fmt(r.load),
-             _fmt(r.first_step), _fmt(r.total) if r.total is not None else "none",
-             f"{r.last_step}->{r.resumed_step} ({r.rollback_steps} step{'' if r.rollback_steps == 1 else 's'})",
-             state_source(a, r)]
-            for i, r in enumerate(a.recoveries)]
-
-
-def timeline_rows(a: RunAnalysis) -> list[list[str]]:
-    shown = [e for e in a.timeline if e["kind"] != "ckpt_persist"]
-    rows = [[f"{e['t']:.2f}", str(e["rank"]), str(e["cycle"]), str(e["iteration"]),
-             e["kind"] + ("*" if e.get("injected") else ""),
-             " ".join(f"{k}={e[k]}" for k in ("step", "tier", "cause", "layer", "status", "reason", "source") if k in e)]
-            for e in shown[:TIMELINE_ROWS]]
-    if len(shown) > TIMELINE_ROWS:
-        rows.append(["...", "", "", "", f"{len(shown) - TIMELINE_ROWS} more (see --json)", ""])
-    return rows
-
-
 def render_html(a: RunAnalysis, title: str = "resctl report") -> str:
     """The whole page as a string."""
     summary = _table("summary", ("measure", "value"), summary_rows(a))
@@ -208,23 +156,21 @@ def render_html(a: RunAnalysis, title: str = "resctl report") -> str:
     if a.recoveries:
         drill = "; * injected by a fault drill" if any(r.injected for r in a.recoveries) else ""
         sections.append(f"<h2>Faults and recovery ({len(a.recoveries)})</h2>" + _table(
-            "recoveries", ("#", "t (s)", "layer", "cause", "rank", "detect (s)", "restart (s)", "load (s)",
-                           "1st step (s)", "total (s)", "rollback", "state from"),
-            recovery_rows(a), caption=f"one row per recovered fault, times in seconds{drill}"))
-        stats = [[phase.replace("_", " "), _fmt(a.recovery_stats[phase]["p50"]), _fmt(a.recovery_stats[phase]["p95"]),
-                  _fmt(a.recovery_stats[phase]["max"])] for phase in ("total", "detection", "restart", "load", "first_step")]
-        r = a.rollback_stats
-        stats.append(["rollback (steps)", _fmt(r["p50"], ".0f"), _fmt(r["p95"], ".0f"), _fmt(r["max"], ".0f")])
-        sections.append(_table("recovery-stats", ("recovery (s)", "p50", "p95", "max"), stats))
-        causes = sorted(a.causes.items(), key=lambda kv: -kv[1])
-        sections.append("<h2>Restart causes</h2>" + _table("causes", ("restart cause", "count"),
-                                                           [[c, str(n)] for c, n in causes]))
+            "recoveries", RECOVERY_HEAD, recovery_rows(a),
+            caption=f"one row per recovered fault, times in seconds{drill}"))
+        sections.append(_table("recovery-phases", PHASE_HEAD, phase_rows(a),
+                               caption=f"recovery phases per fault (s): {PHASES_NOTE}"))
+        sections.append(_table("recovery-stats", STATS_HEAD, stats_rows(a)))
+        sections.append("<h2>Restart causes</h2>" + _table("causes", CAUSE_HEAD, cause_rows(a)))
     else:
         sections.append("<h2>Faults and recovery</h2><p>no faults: the run never restarted</p>")
+    ranks = rank_rows(getattr(a, "rank_steps", []))  # load_analysis adds them (one pass with the events)
+    if ranks is not None:
+        sections.append(f"<h2>Ranks</h2>{_table('ranks', RANK_HEAD, ranks[1], caption=ranks[0])}")
     figs = figures(a)
     plots = "".join(fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
                     for i, fig in enumerate(figs))
-    events = _table("timeline", ("t (s)", "rank", "cycle", "iter", "event", "detail"), timeline_rows(a),
+    events = _table("timeline", ("t (s)", "rank", "cycle", "iter", "event", "detail"), timeline_rows(a, TIMELINE_ROWS),
                     caption="steps, stalls and durable-checkpoint records omitted (see the plot and --json); "
                             "* injected by a fault drill")
     return f"""<!DOCTYPE html>

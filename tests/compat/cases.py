@@ -74,7 +74,8 @@ _CASES = [
     Case("init_method_tcp", 0, args=("--init-method=tcp://localhost:{port}",),
          launcher_args=("--master-port", "{port}"), idle=TORCH_IDLE),
     # the program: argv, __main__, -m, --no-python, the interpreter, stdin
-    Case("argv", 0, args=("--lr", "3e-4", "data dir", "--flag=x")),
+    # --workers/--ft-param: prefixes of options only ft_launcher has (an abbreviation was an error)
+    Case("argv", 0, args=("--lr", "3e-4", "data dir", "--flag=x", "--workers", "0", "--ft-param", "1")),
     Case("main_identity", 0),
     Case("module_run", 0, script="compatmod.cli", module=True, args=("--flag", "value")),
     Case("no_python", 0, script="no_python.sh", no_python=True, args=("one", "two")),

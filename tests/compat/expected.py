@@ -2,8 +2,8 @@
 
 Each entry makes its test xfail(strict=True): when the difference is fixed the test XPASSes, which
 fails the run until the entry is removed here. docs/compat.md is generated with these reasons.
-Reasons marked "intended?" are differences resctl may keep on purpose; if so they belong in the
-README's list of intended differences rather than here.
+Reasons marked "intended (README)" are differences resctl keeps on purpose, each a row of the README's
+"Differences from torchrun" table; the test still xfails so that the day one goes away it is seen.
 """
 
 from __future__ import annotations
@@ -12,43 +12,22 @@ _HANG_EXIT = "hang: a forked worker ending this way is gone but `resctl run` nev
 _TRACE = "the worker's traceback is not on the console (launcher.log and the summary only)"
 _HANG_SPAWN = ("hang: Pool workers started with spawn/forkserver cannot load the script's function (__main__ "
                "is not the script's in them) and Pool.map waits forever")
-_SPAWN_ATTR = ("the spawned children cannot load the script's function (AttributeError: Can't get attribute "
-               "'child' on <module '__main__'>): exit 1")
-_RUN_PATH = ("intended?: the script runs through runpy.run_path, so __builtins__ is a dict, __loader__ None "
-             "and __package__ '' where `python script.py` gives the module, SourceFileLoader and None")
-_PRELOAD = "intended?: the shim imported torch, numpy, NVRx, psutil and resctl before the script started"
-_TITLE = "intended?: workers are titled `resctl-worker rank=R ...` (setproctitle), so /proc/self/comm differs"
-_THREAD = "the shim's `resctl-sigterm` thread is running when the script starts"
+_PRELOAD = "intended (README): the shim imported torch, numpy, NVRx, psutil and resctl before the script started"
+_TITLE = "intended (README): workers are titled `resctl-worker rank=R ...` (setproctitle), so /proc/self/comm differs"
+_THREAD = "intended (README): the shim's `resctl-sigterm` thread is running when the script starts"
+_FAULT = ("intended (README): faulthandler's dump also shows the shim's thread, and its list of extension modules "
+          "the shim's imports")
+_SIGTERM = "intended (README): the shim's SIGTERM handler and wakeup fd are installed when the script starts"
 _POOL_SIGTERM = ("fork Pool children inherit the shim's SIGTERM handler and wakeup fd (resctl/shim/signals.py): "
                  "Pool.terminate() SIGTERMs them, the write lands in the parent's pipe and the parent worker "
                  "stops itself as for a job stop (exit 143)")
-_STOP_CODE = "a job stopped by a signal whose workers end with 0 exits 0 where torchrun exits 1"
-_STOP_FORK = "exit 130 and the workers' KeyboardInterrupt cleanup does not run (stopped, not interrupted)"
-_ENV = ("resctl's rendezvous is c10d on 127.0.0.1:0 (ft_launcher) where torchrun's default is static on "
-        "MASTER_PORT: MASTER_ADDR=localhost, TORCHELASTIC_RUN_ID=<run id>, TORCHELASTIC_USE_AGENT_STORE=False")
-_MASTER = ("--master-addr/--master-port become the rendezvous endpoint: workers get another MASTER_PORT, "
-           "MASTER_ADDR=localhost and TORCHELASTIC_USE_AGENT_STORE=False")
-
-_STORE_EXIT = ("at the end of the job a peer logs torch's TCPStore 'recvValueWithTimeout failed' warning with "
-               "a C++ stack: rank 0's worker hosts the group's store (TORCHELASTIC_USE_AGENT_STORE=False) and "
-               "left before the peer's last store call (torchrun's store is the agent's, which outlives them)")
-
+_ENV = ("intended (README): TORCHELASTIC_RUN_ID is the job's run id (the run dir's name) where torchrun's static "
+        "default rendezvous gives 'none'")
 # A reason that starts with "sometimes" is a difference seen in some runs only (a race): its test is
 # xfail(strict=False), so a pass does not fail the run; remove the entry once the cause is fixed.
 EXPECTED: dict[str, dict[str, str]] = {
-    "end_sys_exit_message": {"fork": "sometimes (one run of three): when both ranks fail at once the peer is stopped "
-                                     "before its interpreter printed its exit message (torchrun's slower stop lets "
-                                     "it print)"},
-    "warn_show": {"fork": "the launcher's warning filters are inherited ('ignore'): the script's warnings are not "
-                          "shown",
-                  "exec": "the shim's imports (torch, NVRx) added their filters to warnings.filters before the "
-                          "script (its warnings are shown)"},
-    "excepthook": {"fork": "the script's sys.excepthook is not called"},
-    "faulthandler_segv": {"fork": "faulthandler is on at start (inherited); its dump shows the shim's thread and "
-                                  "the preloaded extension modules",
-                          "exec": "faulthandler's dump shows the shim's thread and its extension modules"},
+    "faulthandler_segv": {"fork": _FAULT, "exec": _FAULT},
     "env_torchelastic": {"fork": _ENV, "exec": _ENV},
-    "env_master_flags": {"fork": _MASTER, "exec": _MASTER},
     "interpreter_state": {"fork": _PRELOAD, "exec": _PRELOAD},
     "proc_identity": {"fork": _TITLE + "; a forked worker does not lead its own session (torchrun's workers do: "
                                "start_new_session), which also puts it in the caller's scheduler autogroup",
@@ -56,20 +35,9 @@ EXPECTED: dict[str, dict[str, str]] = {
     "thread_nondaemon": {"fork": "sometimes: a non-daemon thread can be cut off at exit (rank 1's last line lost "
                                  "in one run of two)"},
     "threads_at_start": {"fork": _THREAD, "exec": _THREAD},
-    "sig_term_launcher": {"fork": "hang: SIGTERM to `resctl run` with workers that handle it and end with 0",
-                          "exec": _STOP_CODE},
-    "sig_int_launcher": {"fork": _STOP_FORK, "exec": _STOP_CODE},
-    "sig_ctrl_c": {"fork": _STOP_FORK, "exec": _STOP_CODE},
-    "sig_dispositions": {"fork": "the shim's SIGTERM handler and wakeup fd, and the launcher's SIGHUP/SIGQUIT "
-                                 "handlers, are installed when the script starts",
-                         "exec": "the shim's SIGTERM handler and wakeup fd are installed when the script starts"},
+    "sig_dispositions": {"fork": _SIGTERM, "exec": _SIGTERM},
     "mp_fork_pool": {"fork": "sometimes (one run of two): " + _POOL_SIGTERM, },
-    "torch_mp_spawn": {"fork": _SPAWN_ATTR, "exec": _SPAWN_ATTR},
-    "rng_unseeded": {"fork": "str hashes are the same on every rank (a fork keeps the launcher's hash secret)"},
-    # Seen on main after issue 20's fixes merged (2026-12-01 22:5x run), not yet fixed:
-    "init_method_tcp": {"fork": "sometimes: " + _STORE_EXIT, "exec": "sometimes: " + _STORE_EXIT},
-    "pg_env": {"fork": "sometimes: " + _STORE_EXIT, "exec": "sometimes: " + _STORE_EXIT},
-    "pg_tcp": {"fork": "sometimes: " + _STORE_EXIT, "exec": "sometimes: " + _STORE_EXIT},
+    "rng_unseeded": {"fork": "intended (README): str hashes are the same on every rank (a fork keeps the launcher's hash secret)"},
     "rng_restart": {"fork": "sometimes: after the in-job restart rank 0 printed no NumPy draw (the restarted "
                             "forked worker reseeds numpy.random only when the script has imported it)"},
 }

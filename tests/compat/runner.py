@@ -361,13 +361,23 @@ def normalize(lines: list[str]) -> list[str]:
 
 # --- comparing ------------------------------------------------------------------------------------
 
+def expected_code(case: Case, ref: Outcome) -> int | None:
+    """torchrun's exit code, but for a job stopped by a signal to the launcher (or its process group):
+    torchrun exits 1 there; resctl exits 128 + the signal's number, a difference the README names
+    on purpose (what Kubernetes, Slurm and shells expect of a signalled job)."""
+    if case.signal is not None and case.signal[0] in ("launcher", "group") and ref.code == 1:
+        return 128 + int(getattr(signal, case.signal[1]))
+    return ref.code
+
+
 def compare(case: Case, ref: Outcome, got: Outcome) -> list[str]:
     """What a user would see differ between torchrun (`ref`) and another launcher (`got`)."""
     if got.hang and not ref.hang:
         return [f"hang ({got.hang})"]
     diffs = []
-    if got.code != ref.code:
-        diffs.append(f"exit code {got.code} (torchrun {ref.code})")
+    if got.code != expected_code(case, ref):
+        diffs.append(f"exit code {got.code} (torchrun {ref.code}" + (
+            f", resctl's for a stopped job {expected_code(case, ref)})" if expected_code(case, ref) != ref.code else ")"))
     if got.leaked and not ref.leaked:
         diffs.append(f"{got.leaked} process(es) left running")
     diffs += _compare_facts(ref, got)

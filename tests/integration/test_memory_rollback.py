@@ -5,13 +5,19 @@ With `checkpoint.memory_every = 1` a kill mid-snapshot used to leave no step tha
 rank finished cleanly found that rank's snapshots deleted; both resumed from step 0. Now no rank
 starts a step before its previous snapshot is committed (memory.MemoryTier._gate_next_forward), and
 snapshots stay until the job as a whole is done. bench/bench_memory_rollback.py runs 100 kills.
+With `memory_every` > 1 the same hold keeps the bound (rollback <= memory_every) where a commit
+spans several steps (rollback_pair.py; a hold only before the step ending in the next snapshot let
+it reach 2 memory_every - 1).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -61,6 +67,25 @@ def test_random_kills_roll_back_at_most_memory_every_steps(tmp_path: Path) -> No
     found = recoveries(run_dir)
     assert len(found) == 4, found
     assert all(rollback <= 1 and tier == "memory" for _, rollback, tier in found), found
+
+
+@pytest.mark.slow
+def test_kill_9_mid_commit_with_memory_every_3_rolls_back_at_most_3_steps(tmp_path: Path) -> None:
+    """Two real ranks, each commit stretched over several steps (as a GPU's is), SIGKILLed at 8
+    random moments: every restart resumes at most `memory_every` steps behind the newest step
+    any rank finished, from a state that is that step's (rollback_pair.py checks the restore)."""
+    every = 3
+    pair = Path(__file__).with_name("rollback_pair.py")
+    proc = subprocess.run([sys.executable, str(pair), str(tmp_path), "--every", str(every), "--kills", "8",
+                           "--seed", "2027"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    kills, summary = lines[:-1], lines[-1]
+    assert len(kills) == 8, proc.stdout
+    assert all(k["reached"] - k["resumed"] <= every for k in kills), kills
+    assert all(k["resumed"] > 0 for k in kills), kills  # from memory: no disk checkpoints in this job
+    assert summary["in_commit"] >= 2, f"fewer than 2 kills landed while a commit was in flight: {kills}"
 
 
 def test_a_rank_that_finished_cleanly_keeps_its_snapshots_under_resctl_run(tmp_path: Path,

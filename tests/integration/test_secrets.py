@@ -107,17 +107,38 @@ raise RuntimeError("cannot fetch https://bob:hf_excSECRET81abcdef@hub.example/x?
 """
 
 
+def resctl_own_lines(console: str) -> list[str]:
+    """What resctl itself printed: its `resctl:` lines and the failure summary (from "resctl: the job
+    failed" on, its indented lines included). The script's own stderr (here Python's traceback of
+    the uncaught exception, indented too) reaches the console unchanged, as under torchrun."""
+    lines = console.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("resctl: the job failed")), len(lines))
+    return [line for line in lines[:start] if line.startswith("resctl:")] + lines[start:]
+
+
 def test_secrets_in_an_exception_stay_out_of_events_logs_and_the_summary(tmp_path: Path) -> None:
-    """Issue 27 item 7: a worker's exception quoting a URL with its credentials."""
+    """Issue 27 item 7: a worker's exception quoting a URL with its credentials is masked everywhere
+    resctl writes or prints it (events, the launcher's log, the failure summary, `resctl report`);
+    the script's own stderr and `logs/` are the script's and stay as it wrote them."""
     (tmp_path / "fail.py").write_text(FAILING)
     code, out = finish(start(["--nproc-per-node", "1", "--run-dir", "rd", "--set", "launch.max_restarts=0",
                               "fail.py"], cwd=tmp_path), timeout=120)
     assert code != 0
-    resctl_lines = "\n".join(line for line in out.splitlines() if line.startswith(("resctl:", "  ")))
-    assert "RuntimeError" in resctl_lines, out[-3000:]  # the summary names the fault ...
-    assert "excSECRET8" not in resctl_lines, resctl_lines  # ... without its secrets
-    for path in (tmp_path / "rd").rglob("*"):
-        if path.is_file() and "logs" not in path.relative_to(tmp_path / "rd").parts:  # logs/: what the script printed
+    own = resctl_own_lines(out)
+    summary = "\n".join(own)
+    assert "resctl: the job failed" in summary and "RuntimeError" in summary, out[-3000:]  # names the fault ...
+    assert "excSECRET8" not in summary, summary  # ... without its secrets
+    assert "https://bob:<redacted>@hub.example/x?token=<redacted>&page=2" in summary, summary
+    assert "excSECRET81" in out  # the script's own traceback, printed by its interpreter: not resctl's to change
+    run_dir = tmp_path / "rd"
+    for path in run_dir.rglob("*"):
+        if path.is_file() and "logs" not in path.relative_to(run_dir).parts:  # logs/: what the script printed
             assert "excSECRET8" not in path.read_text(errors="replace"), path
-    events = (tmp_path / "rd" / "events-rank0.jsonl").read_text()
+    events = (run_dir / "events-rank0.jsonl").read_text()
     assert "hub.example" in events and "<redacted>" in events
+    assert "hub.example" in (run_dir / "launcher.log").read_text()  # the launcher logged the error, masked
+    for extra in ([], ["--json"]):
+        report = subprocess.run([sys.executable, "-m", "resctl", "report", "rd", *extra], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
+        assert report.returncode == 0, report.stderr
+        assert "excSECRET8" not in report.stdout + report.stderr, report.stdout

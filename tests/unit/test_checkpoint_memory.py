@@ -250,3 +250,39 @@ def test_parallel_checksum_of_many_parts_equals_the_sequential_one(monkeypatch: 
     data = bytes(range(256)) * 77 + b"tail"  # 4.8 parts of 4 KiB
     with ThreadPoolExecutor(3) as pool:
         assert crc.checksum_of(memoryview(data), pool) == crc.checksum(data)
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_the_forward_after_each_snapshot_waits_for_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              every: int) -> None:
+    """Issue 27: whatever `memory_every`, the step after a snapshot does not start before the
+    snapshot is committed (so no rank can finish it before every rank holds the snapshot: rollback
+    <= memory_every; tests/integration/test_memory_rollback.py kills real ranks mid-commit)."""
+    import threading
+
+    from resctl.checkpoint.memory import MemoryTier
+
+    release = threading.Event()
+    commit = MemoryTier._commit_slot
+
+    def held_commit(self: MemoryTier, snap: Any, *args: Any) -> None:
+        release.wait(30)
+        commit(self, snap, *args)
+
+    monkeypatch.setattr(MemoryTier, "_commit_slot", held_commit)
+    c = _ckpt(tmp_path, memory_every=every)
+    model = torch.nn.Linear(4, 4)
+    state = {"model": model}
+    x = torch.ones(1, 4)
+    for step in range(1, every):  # no snapshot due: nothing holds the next forward
+        c.maybe_save(state, step)
+        model(x)
+    c.maybe_save(state, every)  # a snapshot: its commit is held back
+    done = threading.Event()
+    forward = threading.Thread(target=lambda: (model(x), done.set()))
+    forward.start()
+    assert not done.wait(0.3), "the next forward ran before the snapshot was committed"
+    release.set()
+    assert done.wait(30), "the forward still waits after the commit"
+    forward.join()
+    c.close()

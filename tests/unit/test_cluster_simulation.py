@@ -248,7 +248,7 @@ def test_every_slurm_node_resolves_the_allocation(nodes: int, tmp_path: Path, mo
         monkeypatch.chdir(tmp_path)
         nnodes, endpoint = dry_run(["run", "-p", str(profile), str(script)])
         seen.add((nnodes, endpoint))
-    assert seen == {(str(nodes), "127.0.0.1:0" if nodes == 1 else "p5-001:29500")}
+    assert seen == {(str(nodes), "localhost:0" if nodes == 1 else "p5-001:29500")}
 
 
 def test_doctor_at_index_1_waits_for_pod_0_to_be_published(tmp_path: Path, in_pod: Any) -> None:

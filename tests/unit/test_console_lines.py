@@ -92,7 +92,7 @@ def test_max_iterations_counts_restarts_as_the_schema_says(monkeypatch: pytest.M
 
     monkeypatch.setitem(os.environ, "MASTER_ADDR", "127.0.0.1")
     profile = resolve(None, env={}, sets=["inprocess.enabled=true", "inprocess.max_iterations=3"], cwd=tmp_path).profile
-    wrapper = inprocess.build_wrapper(SimpleNamespace(profile=profile, run_dir=None, cycle=0, world_size=1), 12345)
+    wrapper = inprocess.build_wrapper(SimpleNamespace(profile=profile, run_dir=None, cycle=0, world_size=1), ("127.0.0.1", 12345))
     controller = wrapper.initialize
     allowed = [i for i in range(10) if i < controller.max_iterations]
     assert len(allowed) - 1 == 3, "three restarts after the first run"

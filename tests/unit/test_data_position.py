@@ -320,6 +320,38 @@ def test_an_iterable_dataset_without_state_says_the_position_is_approximate(caps
     assert "position approximate" in err and "Stream has no state_dict()" in err
 
 
+def test_another_rank_s_iterable_state_is_not_applied(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RANK", "0")
+    loader = DataLoader(StatefulStream(30), batch_size=4)
+    entry = dp.entry_for("s", loader)
+    it = iter(loader)
+    next(it)
+    position = entry.state_dict()
+    monkeypatch.setenv("RANK", "1")  # rank 1 given rank 0's record (it saved none of its own)
+    again = DataLoader(StatefulStream(30), batch_size=4)
+    dp.entry_for("s", again).load_state_dict(position)
+    assert len(as_lists(again)) == 8  # its own stream from the start, not rank 0's position in it
+    assert "holds the iterable dataset state of rank 0 of 1, not of this rank 1 of 1" in capsys.readouterr().err
+
+
+def test_zero_edit_refuses_a_per_rank_shard_under_another_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's length changes with the world size, so no fingerprint matches: the record is still
+    claimed and refused, rather than the epoch started over without a word."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dp.install_auto()
+    loader = DataLoader(list(range(0, 40, 2)), batch_size=4, shuffle=True)  # type: ignore[arg-type]
+    it = iter(loader)
+    next(it)
+    saved = dp.REGISTRY.auto_state(set())
+    dp.REGISTRY.reset()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    dp.REGISTRY.load_auto(saved)
+    whole = DataLoader(list(range(40)), batch_size=4, shuffle=True)  # type: ignore[arg-type]
+    with pytest.raises(dp.DataPositionMismatch, match=r"world size changed \(2 -> 1\) and a RandomSampler"):
+        iter(whole)
+
+
 # --- through the public API: explicit entries, zero-edit, a script that skips itself ------------
 
 

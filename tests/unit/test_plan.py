@@ -117,7 +117,7 @@ def test_inprocess_env_respects_the_user() -> None:
 def test_standalone_runs_get_unique_ids_and_port_zero() -> None:
     launch = resolve(None, env={}, cwd=Path("/nonexistent")).profile.launch
     a, b = detect(launch, {}, "laptop"), detect(launch, {}, "laptop")
-    assert a.endpoint == b.endpoint == "127.0.0.1:0" and a.run_id != b.run_id and "none" not in a.run_id
+    assert a.endpoint == b.endpoint == "localhost:0" and a.run_id != b.run_id and "none" not in a.run_id
 
 
 def test_dry_run_layers_say_what_is_on_and_why() -> None:

@@ -92,7 +92,7 @@ EXPECTED = {
         notes=(),
     ),
     "laptop": Rendezvous(
-        endpoint="127.0.0.1:0",
+        endpoint="localhost:0",
         run_id="fresh-id",
         standalone=True,
         node_rank=0,
@@ -219,7 +219,7 @@ def test_slurm_node_zero_hosts(tmp_path: Path) -> None:
 def test_slurm_single_node_uses_a_free_local_port(tmp_path: Path) -> None:
     env = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu9"}
     r = detect(Launch(), env, "gpu9", root=tmp_path)
-    assert bare(r) == Rendezvous("127.0.0.1:0", "slurm-77", True, 0, None, True, "slurm", ())
+    assert bare(r) == Rendezvous("localhost:0", "slurm-77", True, 0, None, True, "slurm", ())
 
 
 def test_slurm_one_task_per_node(tmp_path: Path) -> None:
@@ -269,19 +269,23 @@ def test_explicit_multinode_needs_a_shared_run_id(tmp_path: Path) -> None:
 
 def test_master_addr(tmp_path: Path) -> None:
     r = detect(Launch(master_addr="head", master_port=1234, rdzv_id="j"), {}, "n1", root=tmp_path)
-    # the master port itself is the workers' MASTER_PORT, as under torchrun: the rendezvous takes the next
-    assert (r.endpoint, r.source) == ("head:1235", "explicit")
-    assert detect(Launch(master_addr="head", master_port=65535, rdzv_id="j"), {}, "n1", root=tmp_path).endpoint == "head:65534"
+    # the rendezvous store is the workers' store, as under torchrun: the master port is both
+    assert (r.endpoint, r.source) == ("head:1234", "explicit")
     r = detect(Launch(master_addr="head", rdzv_id="j"), {}, "n1", root=tmp_path)
     assert r.endpoint == "head:29500"
     with pytest.raises(ValidationError, match="different hosts"):
         Launch(master_addr="a", rdzv_endpoint="b:1", rdzv_id="j")
 
 
+def test_a_standalone_master_port_is_the_rendezvous_port(tmp_path: Path) -> None:
+    assert detect(Launch(master_port=4321), {}, "n1", root=tmp_path).endpoint == "127.0.0.1:4321"
+    assert detect(Launch(), {}, "n1", root=tmp_path).endpoint == "localhost:0"  # a free port, no collisions
+
+
 def test_standalone_flag(tmp_path: Path) -> None:
     cfg, env, hostname, root = load("slurm-multinode", tmp_path, standalone=True, nnodes="1")
     r = detect(cfg, env, hostname, root=root, new_id=fresh)
-    assert bare(r) == Rendezvous("127.0.0.1:0", "fresh-id", True, 0, None, True, "standalone", ())
+    assert bare(r) == Rendezvous("localhost:0", "fresh-id", True, 0, None, True, "standalone", ())
     with pytest.raises(ValidationError, match="launch.standalone"):
         Launch(standalone=True, rdzv_endpoint="h:1")
 

@@ -108,7 +108,7 @@ def test_report_shows_the_tier_and_rollback_of_each_recovery_and_int_cycles(run:
     html = tmp_path / "r.html"
     assert resctl("report", str(run), "--html", str(html), cwd=tmp_path).returncode == 0
     page = html.read_text()
-    assert "<td>27-&gt;26 (1 step)</td><td>memory</td>" in page and "<td>40-&gt;30 (10 steps)</td><td>disk</td>" in page
+    assert "<td>27-&gt;26 (memory)</td><td>1</td>" in page and "<td>40-&gt;30 (disk)</td><td>10</td>" in page
     doc = json.loads(resctl("report", str(run), "--json", cwd=tmp_path).stdout)
     assert [(r["tier"], r["rollback_steps"]) for r in doc["recoveries"]] == [("memory", 1), ("disk", 10)]
     assert all(type(e["cycle"]) is int for e in doc["timeline"])

@@ -1,0 +1,44 @@
+"""A fresh key space in the launcher's store for each cycle of workers.
+
+Under `resctl run` the workers' `MASTER_ADDR:MASTER_PORT` is the launcher's rendezvous store
+(`resctl.launch.adapters._agent_store`), which outlives the workers, as torchrun's does. It also
+outlives a restart: the keys a process group of the last cycle left there (each rank's gloo
+address, the barrier counters) are still there when the next cycle's ranks meet, and a rank that
+read a dead peer's address failed with "Gloo connectFullMesh failed ... Connection refused". torchrun
+2.13 has the same race (its shared store is kept across restarts too; seen here about one restart
+in two on CPU). Here every store torch makes for `env://` or `tcp://` from the launcher's store is a
+`PrefixStore("/worker/attempt_<TORCHELASTIC_RESTART_COUNT>")` over it, so each cycle starts empty.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from resctl.launch.adapters import AGENT_STORE_ENV
+from resctl.patching import Patches
+
+
+def uses_agent_store(env: Any = os.environ) -> bool:
+    return env.get(AGENT_STORE_ENV) == "True"
+
+
+def prefix_per_cycle(patches: Patches) -> None:
+    """Patch torch's `_create_c10d_store` (env:// and tcp:// rendezvous) while the agent's store is used."""
+    if not uses_agent_store():
+        return
+    import importlib
+
+    import torch.distributed as dist
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the attribute is a function
+
+    create = rendezvous._create_c10d_store
+
+    def create_in_cycle(*args: Any, **kwargs: Any) -> Any:
+        store = create(*args, **kwargs)
+        if not uses_agent_store():  # the script changed its environment: torch made a store of its own
+            return store
+        return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+    patches.set(rendezvous, "_create_c10d_store", create_in_cycle)
