@@ -38,7 +38,8 @@ def config_for(profile: Profile, rdzv: Rendezvous) -> Config:
     if expected:  # the allocation: no more nodes come than the scheduler gave (a requeue on fewer included)
         high = min(high, len(expected))
         low = min(low, high)
-    return Config(host=host, port=health.preflight_port or port + 1, nnodes_min=low, nnodes_max=high,
+    # Port 0 (a single node, standalone): the preflight's store binds a free port too, not port 1.
+    return Config(host=host, port=health.preflight_port or (port + 1 if port else 0), nnodes_min=low, nnodes_max=high,
                   node_name=node_name(os.environ), expected_hosts=expected,
                   is_host=is_host, node_rank=node_rank, policy=health.preflight_policy, margin=health.preflight_margin,
                   min_gbps=health.preflight_min_gbps, mb=health.preflight_mb, timeout=health.preflight_timeout)
