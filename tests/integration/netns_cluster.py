@@ -55,6 +55,11 @@ class Cluster:
         self.cgroups.append(group)
         (group / "cgroup.procs").write_text(str(pid))  # every thread of it, and what it starts later
 
+    def unslow_cpu(self) -> None:
+        """Lift the quotas of slow_cpu (the processes stay in their groups)."""
+        for group in self.cgroups:
+            (group / "cpu.cfs_quota_us").write_text("-1")
+
     def cpu_stat(self) -> str:
         """The slowed cgroups' cpu.stat (nr_throttled > 0: the quota held), for failure messages."""
         return "; ".join(" ".join((g / "cpu.stat").read_text().split()) for g in self.cgroups if (g / "cpu.stat").exists())

@@ -65,12 +65,15 @@ def test_doctor_cluster_names_the_node_with_a_slow_link_and_the_node_with_a_slow
         joined = wait_for(lambda: c.connected(3, PORT + 1), 90, "node 3 to reach the preflight's store", procs[3])
         c.slow_cpu(joined[0], quota=0.03)
         procs |= {i: _node(c, i, ["doctor", "--cluster", "--json", *_common(c, i, "4")], tmp_path, env) for i in (1, 2)}
-        results = _finish([procs[i] for i in range(4)])
+        results = _finish([procs[i] for i in range(3)])  # the host's verdict is out once node 0 has ended
         wall = time.monotonic() - began
         throttled = c.cpu_stat()
+        c.unslow_cpu()  # what is left of node 3 (its exit, at 3 % of a CPU) is no part of the test
+        results += _finish([procs[3]])
     codes = [code for code, _ in results]
     assert codes[3] != 2, results[3][1][-2000:]
-    assert codes == [1, 1, 1, 1], results[0][1][-3000:]
+    assert codes == [1, 1, 1, 1], "\n---\n".join(f"node {i} exit {code}:\n{out[-1500:]}" for i, (code, out) in
+                                                enumerate(results) if code != 1 or i == 0)
     doc = json.loads(results[0][1][results[0][1].index("{"):])
     status = {n["rank"]: n["status"] for n in doc["nodes"]}
     why = {n["rank"]: n["why"] for n in doc["nodes"]}
