@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -123,8 +124,12 @@ def cluster(n: int) -> Iterator[Cluster]:
             c.kill(i)
             _ip("netns", "del", c.names[i])
         _ip("netns", "del", c.switch)
-        for group in c.cgroups:
-            try:
-                group.rmdir()
-            except OSError:
-                pass
+        for group in c.cgroups:  # empty once the killed processes are reaped, which may take a moment
+            for _ in range(50):
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
