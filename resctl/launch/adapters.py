@@ -215,6 +215,9 @@ def _polling_exits(poll: Any) -> Any:
 
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+#: The key space of this rendezvous round's workers in the launcher's store (resctl.shim.agent_store).
+STORE_PREFIX_ENV = "RESCTL_STORE_PREFIX"
+_ROUND_KEY = "resctl/workers_prefix"
 
 
 def _tcp_store(store: Any) -> Any:
@@ -231,9 +234,11 @@ def _tcp_store(store: Any) -> Any:
 
 
 class _SharedStore:
-    """Where this cycle's workers were sent: the rendezvous store's (host, port), or None."""
+    """Where this cycle's workers were sent: the rendezvous store's (host, port) and their key space
+    in it, or None."""
 
     endpoint: tuple[str, int] | None = None
+    prefix = ""
 
 
 def _agent_store(patches: Patches) -> None:
@@ -262,14 +267,25 @@ def _agent_store(patches: Patches) -> None:
 
     def shared_master(store: Any) -> Any:
         tcp = _tcp_store(store)
-        _SharedStore.endpoint = None if tcp is None else (str(tcp.host), int(tcp.port))
-        return _SharedStore.endpoint or get_master(store)
+        if tcp is None:
+            _SharedStore.endpoint = None
+            return get_master(store)
+        _SharedStore.endpoint = endpoint = (str(tcp.host), int(tcp.port))
+        # One key space per rendezvous round, the same on every node: the first agent of the round
+        # to get here names it (`store` is this round's). A restart count would not do: a replaced
+        # node's launcher counts from 0 again while the others are at 1.
+        import uuid
+
+        token = store.compare_set(_ROUND_KEY, "", uuid.uuid4().hex)
+        _SharedStore.prefix = f"/worker/{token.decode() if isinstance(token, bytes) else token}"
+        return endpoint
 
     def start_sharing(*args: Any, **kwargs: Any) -> Any:
-        endpoint = _SharedStore.endpoint
-        for env in (kwargs.get("envs") or {}).values() if endpoint else ():
-            if env.get("MASTER_PORT") == str(endpoint[1]):  # this cycle's workers were sent there
+        port = str(_SharedStore.endpoint[1]) if _SharedStore.endpoint else None
+        for env in (kwargs.get("envs") or {}).values() if port else ():
+            if env.get("MASTER_PORT") == port:  # this cycle's workers were sent there
                 env[AGENT_STORE_ENV] = "True"
+                env[STORE_PREFIX_ENV] = _SharedStore.prefix
         return start_processes(*args, **kwargs)
 
     patches.set(api.SimpleElasticAgent, "_get_master_addr_port", staticmethod(shared_master))

@@ -5,9 +5,11 @@ Under `resctl run` the workers' `MASTER_ADDR:MASTER_PORT` is the launcher's rend
 outlives a restart: the keys a process group of the last cycle left there (each rank's gloo
 address, the barrier counters) are still there when the next cycle's ranks meet, and a rank that
 read a dead peer's address failed with "Gloo connectFullMesh failed ... Connection refused". torchrun
-2.13 has the same race (its shared store is kept across restarts too; seen here about one restart
-in two on CPU). Here every store torch makes for `env://` or `tcp://` from the launcher's store is a
-`PrefixStore("/worker/attempt_<TORCHELASTIC_RESTART_COUNT>")` over it, so each cycle starts empty.
+2.13 has the same race (its shared store is kept across restarts too; seen here in 7 of 12 runs on
+CPU). Here every store torch makes for `env://` or `tcp://` from the launcher's store is a
+`PrefixStore` over it, with the key space the launchers named for this rendezvous round
+(`RESCTL_STORE_PREFIX`, the same on every node: a replaced node's restart count starts at 0 again),
+so each round starts empty. The in-process restart's application store lives there too.
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from resctl.launch.adapters import AGENT_STORE_ENV
+from resctl.launch.adapters import AGENT_STORE_ENV, STORE_PREFIX_ENV
 from resctl.patching import Patches
 
 
 def uses_agent_store(env: Any = os.environ) -> bool:
-    return env.get(AGENT_STORE_ENV) == "True"
+    return bool(env.get(AGENT_STORE_ENV) == "True")
+
+
+def round_prefix(env: Any = os.environ) -> str:
+    """This round's key space in the launcher's store."""
+    return env.get(STORE_PREFIX_ENV) or f"/worker/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def prefix_per_cycle(patches: Patches) -> None:
@@ -39,6 +46,6 @@ def prefix_per_cycle(patches: Patches) -> None:
         store = create(*args, **kwargs)
         if not uses_agent_store():  # the script changed its environment: torch made a store of its own
             return store
-        return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        return dist.PrefixStore(round_prefix(), store)
 
     patches.set(rendezvous, "_create_c10d_store", create_in_cycle)

@@ -44,7 +44,7 @@ from typing import Any, Callable, Protocol
 
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
-from resctl.shim.agent_store import uses_agent_store
+from resctl.shim.agent_store import round_prefix, uses_agent_store
 from resctl.shim.fresh import FreshState
 from resctl.shim.target import Target, run_target
 from resctl.telemetry.events import EventLog
@@ -81,10 +81,11 @@ def app_store() -> Any:
 
     rank = int(os.environ["RANK"])
     agent_store = uses_agent_store()
-    return dist.TCPStore(
+    store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
         is_master=rank == 0 and not agent_store, timeout=datetime.timedelta(seconds=300), wait_for_workers=False,
     )
+    return dist.PrefixStore(round_prefix(), store) if agent_store else store  # this round's keys only
 
 
 def free_endpoint(host: str) -> tuple[str, int]:

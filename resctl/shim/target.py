@@ -49,7 +49,7 @@ def fresh_warning_filters() -> None:
     NVRx) added theirs, and a forked worker has the launcher's, which ignore everything."""
     import resctl
 
-    warnings.filters[:] = list(resctl.STARTUP_WARNING_FILTERS)
+    warnings.filters[:] = list(resctl.STARTUP_WARNING_FILTERS)  # type: ignore[index]  # a list at run time
     warnings._filters_mutated()  # type: ignore[attr-defined]  # every module's __warningregistry__ is stale now
 
 
