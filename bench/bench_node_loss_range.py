@@ -1,7 +1,7 @@
 """A node lost from a job with a node range: 3 network-namespace nodes, `launch.nnodes = "2:3"`, node 2 lost
 (every process in it SIGKILLed) at step >= 15: seconds from the kill to the next step of the surviving
 ranks, with no scheduler involved (ft_launcher's c10d rendezvous closes a new round with the 2 left).
-This is the node range's elastic shrink, not an idle hot spare taking over (issue 24 part 4: not done).
+This is the node range's elastic shrink; a hot spare taking over: bench_hot_spare.py.
 
 Usage: sudo python bench/bench_node_loss_range.py WORKDIR   (prints one dict)
 """

@@ -48,8 +48,10 @@ def in_use_error(root: Path, holder: dict[str, Any]) -> CheckpointDirInUse:
     )
 
 
-def check_free(root: str | os.PathLike[str]) -> None:
-    """Raise CheckpointDirInUse if a live process owns `root` (nothing is created or kept)."""
+def check_free(root: str | os.PathLike[str], run_id: str | None = None) -> None:
+    """Raise CheckpointDirInUse if a live process of another run than `run_id` owns `root` (nothing is created
+    or kept). The same run's owner is no conflict: a node that joins a running job late (a hot spare, a
+    replaced pod) shares the directory with the rank 0 that holds it."""
     path = Path(root) / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -58,7 +60,9 @@ def check_free(root: str | os.PathLike[str]) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise in_use_error(Path(root), _holder(path)) from None
+        holder = _holder(path)
+        if run_id is None or holder.get("run_id") != run_id:
+            raise in_use_error(Path(root), holder) from None
     except OSError:
         return
     finally:

@@ -34,15 +34,18 @@ def render(console: Any, verdict: Verdict, rank: int | None) -> None:
                        style="bold red" if verdict.action == "fail" else ""))
 
 
-def preflight(resolved: Any, rdzv: Any, run_dir: Any = None) -> tuple[int | None, Verdict]:
-    """Run this node's part; with health.keep_out, the host node then keeps the bad nodes out (said on stderr)."""
+def preflight(resolved: Any, rdzv: Any, run_dir: Any = None,
+              show: Any = lambda rank, verdict: None) -> tuple[int | None, Verdict]:
+    """Run this node's part and `show` the verdict; with health.keep_out, the host node then keeps the bad nodes
+    out (said on stderr). Shown first: under Slurm a requeue may end this process before it returns."""
     from resctl.cli.render import err_console
     from resctl.health import cluster
 
     cfg = cluster.config_for(resolved.profile, rdzv)
     rank, verdict = cluster.run(cfg)
-    for line in cluster.keep_out(cfg, verdict, resolved.profile.health.keep_out, run_dir):
-        err_console.print(f"resctl: {line}", markup=False, highlight=False)
+    show(rank, verdict)
+    cluster.keep_out(cfg, verdict, resolved.profile.health.keep_out, run_dir,
+                     say=lambda line: err_console.print(f"resctl: {line}", markup=False, highlight=False))
     return rank, verdict
 
 
@@ -57,8 +60,8 @@ def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
         run_dir = launch_plan.run_dir
     except OSError:
         run_dir = None  # said again, with its fix, when the launch writes its files
-    rank, verdict = preflight(resolved, launch_plan.rendezvous, run_dir)
-    render(err_console, verdict, rank)
+    rank, verdict = preflight(resolved, launch_plan.rendezvous, run_dir,
+                              show=lambda rank, verdict: render(err_console, verdict, rank))
     if verdict.action == "fail":
         return EXIT_FAILURE
     if verdict.action == "exclude":
@@ -83,10 +86,12 @@ def doctor_cluster(resolved: Any, as_json: bool) -> int:
     from resctl.launch import rendezvous
 
     rdzv = rendezvous.detect(resolved.profile.launch, os.environ, socket.gethostname())
-    rank, verdict = preflight(resolved, rdzv)
-    if as_json:
-        typer.echo(json.dumps({"rank": rank, **verdict.to_json()}, indent=2))
-    else:
-        render(err_console, verdict, rank)
+    def show(rank: int | None, verdict: Verdict) -> None:
+        if as_json:
+            typer.echo(json.dumps({"rank": rank, **verdict.to_json()}, indent=2))
+        else:
+            render(err_console, verdict, rank)
+
+    rank, verdict = preflight(resolved, rdzv, show=show)
     bad = verdict.action == "fail" or any(n["status"] != "ok" for n in verdict.nodes)
     return 1 if bad else 0

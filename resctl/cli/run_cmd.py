@@ -73,7 +73,8 @@ def run(
             raise typer.Exit(stop_code)
     from resctl.checkpoint.owner import check_free
 
-    check_free(resolved.profile.checkpoint.dir)  # another live job writes there: CheckpointDirInUse, exit 2
+    # Another live job writes there: CheckpointDirInUse, exit 2 (this job's own rank 0 is no other job).
+    check_free(resolved.profile.checkpoint.dir, launch_plan.run_id)
     code = execute.run(launch_plan, on_event=info)
     raise typer.Exit(code)
 

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,8 +34,13 @@ def config_for(profile: Profile, rdzv: Rendezvous) -> Config:
         is_host = node_rank == 0 if node_rank is not None else _is_local(host)
     from resctl.health.placement import node_name
 
-    return Config(host=host, port=health.preflight_port or port + 1, nnodes_min=low, nnodes_max=high,
-                  node_name=node_name(os.environ), expected_hosts=_expected_hosts(rdzv, os.environ),
+    expected = _expected_hosts(rdzv, os.environ)
+    if expected:  # the allocation: no more nodes come than the scheduler gave (a requeue on fewer included)
+        high = min(high, len(expected))
+        low = min(low, high)
+    # Port 0 (a single node, standalone): the preflight's store binds a free port too, not port 1.
+    return Config(host=host, port=health.preflight_port or (port + 1 if port else 0), nnodes_min=low, nnodes_max=high,
+                  node_name=node_name(os.environ), expected_hosts=expected,
                   is_host=is_host, node_rank=node_rank, policy=health.preflight_policy, margin=health.preflight_margin,
                   min_gbps=health.preflight_min_gbps, mb=health.preflight_mb, timeout=health.preflight_timeout)
 
@@ -68,20 +73,34 @@ def _is_local(host: str) -> bool:
     return bool(theirs & mine)
 
 
-def keep_out(cfg: Config, verdict: Verdict, mode: str, run_dir: Path | None = None) -> list[str]:
+def keep_out(cfg: Config, verdict: Verdict, mode: str, run_dir: Path | None = None,
+             say: Callable[[str], None] = lambda line: None) -> list[str]:
     """health.keep_out after a preflight, on the host node only (one drain per bad node): every slow or
-    broken node whose name is known is kept out; a failed Slurm job is requeued to start without them."""
+    broken node whose name is known is kept out; a failed Slurm job is requeued to start without them.
+    Each line is said as soon as it is done: a requeue may end this process before it returns."""
     from resctl.health import placement
 
     where = placement.scheduler(os.environ, mode)
     if where is None or not cfg.is_host:
         return []
-    said = [placement.keep_out(placement.BadNode(n["host"], f"preflight: {n['status']}: {n['why']}"), where,
-                               run_dir=run_dir)
-            for n in verdict.nodes if n["status"] != "ok" and n["host"] not in ("", "?")]
+    said = []
+    for n in verdict.nodes:
+        if n["status"] != "ok" and n["host"] not in ("", "?"):
+            said.append(placement.keep_out(placement.BadNode(n["host"], f"preflight: {n['status']}: {n['why']}"),
+                                           where, run_dir=run_dir))
+            say(said[-1])
     if said and where == "slurm" and verdict.action == "fail":
-        said.append(placement.requeue())
+        said.append(placement.requeue(nodes=requeue_nodes(cfg, verdict)))
+        say(said[-1])
     return said
+
+
+def requeue_nodes(cfg: Config, verdict: Verdict) -> int | None:
+    """How many nodes the requeued job asks for: the good ones, when they are fewer than it has now and
+    enough for launch.nnodes' minimum; None keeps its count (Slurm then places it on other nodes)."""
+    allocated = len(cfg.expected_hosts) or cfg.nnodes_max
+    good = sum(1 for n in verdict.nodes if n["status"] == "ok")
+    return good if 1 <= good < allocated and good >= cfg.nnodes_min else None
 
 
 def run(cfg: Config) -> tuple[int | None, Verdict]:

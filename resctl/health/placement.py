@@ -4,9 +4,16 @@ A node the cluster preflight named slow or broken, or one whose workers faulted 
 times in this job, is recorded in `<run_dir>/bad-nodes.jsonl` and, by scheduler:
 
 - Slurm: drained, `scontrol update nodename=N state=drain reason="resctl: ..."` (Slurm allocates no drained
-  node), and the job requeued (`scontrol requeue JOBID`, which needs `--requeue`) so it starts again on
-  nodes without it. Draining needs Slurm operator rights (root, SlurmUser, or AdminLevel=Operator);
-  without them the scontrol error is reported and the job goes on as it would have.
+  node), and the job requeued (it needs `--requeue`) so it starts again on nodes without it. A requeue ends
+  every step of the job at once, the one asking for it included, so under examples/slurm/train.sbatch
+  (which sets `RESCTL_SLURM_REQUEUE_FILE`) resctl only writes what the requeue should change and the batch
+  script, polling for it while the step runs, requeues: `scontrol requeuehold`, `scontrol update jobid=J NumNodes=K
+  NumTasks=K` when the job should start again on the K good nodes (launch.nnodes' range allows it; Slurm
+  otherwise keeps the node count and waits for a node to replace the drained one), `scontrol release`.
+  Elsewhere resctl runs `scontrol requeue JOBID` itself (the node count kept). Slurm holds a requeued job
+  for its credential lifetime (AuthInfo cred_expire, 120 s by default) before it starts again. Draining
+  needs Slurm operator rights (root, SlurmUser, or AdminLevel=Operator); without them the scontrol error
+  is reported and the job goes on as it would have.
 - Kubernetes: the node is labelled `resctl.io/health=bad` and tainted `resctl.io/unhealthy=<reason
   slug>:NoSchedule` through the API server with the pod's service account (the kit's ClusterRole grants
   get/patch on nodes). The kit's pod template requires `resctl.io/health NotIn (bad)` and tolerates no
@@ -34,6 +41,7 @@ from typing import Any
 LABEL = "resctl.io/health"
 TAINT = "resctl.io/unhealthy"
 RECORD = "bad-nodes.jsonl"
+REQUEUE_FILE_ENV = "RESCTL_SLURM_REQUEUE_FILE"  # set by examples/slurm/train.sbatch: it requeues the job itself
 SA = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -71,6 +79,13 @@ def drain_argv(node: BadNode) -> list[str]:
 
 def requeue_argv(job_id: str) -> list[str]:
     return ["scontrol", "requeue", job_id]
+
+
+def requeue_updates(nodes: int | None) -> list[str]:
+    """The `scontrol update` fields of a requeued job that should start again on `nodes` nodes (one task, one
+    resctl, per node); none to keep its node count. Slurm keeps a requeued job's last node count, a range
+    of `sbatch -N` included, so without them it waits for as many nodes as it had."""
+    return [] if nodes is None else [f"NumNodes={nodes}", f"NumTasks={nodes}"]
 
 
 def taint_value(reason: str) -> str:
@@ -122,14 +137,34 @@ def keep_out(node: BadNode, where: str, env: Mapping[str, str] = os.environ,
     return said
 
 
-def requeue(env: Mapping[str, str] = os.environ) -> str:
+def requeue(env: Mapping[str, str] = os.environ, nodes: int | None = None) -> str:
+    """Requeue this Slurm job (on `nodes` nodes; None: as many as now); one line saying what was done."""
     job = env.get("SLURM_JOB_ID")
     if not job:
         return "no SLURM_JOB_ID: not requeued"
+    on = f" on {nodes} node(s)" if nodes is not None else ""
+    asked, note = env.get(REQUEUE_FILE_ENV), ""
+    if asked:
+        try:
+            _write_request(Path(asked), requeue_updates(nodes))
+            return f"Slurm job {job} to be requeued{on} by the batch script (asked through {REQUEUE_FILE_ENV})"
+        except OSError as err:
+            note = f"; could not ask the batch script through {asked} ({err})"
     try:
-        return f"requeued Slurm job {job} ({_run(requeue_argv(job))})"
+        done = _run(requeue_argv(job))
     except (OSError, RuntimeError) as err:
-        return f"could not requeue Slurm job {job}: {err}"
+        return f"could not requeue Slurm job {job}: {err}{note}"
+    if nodes is not None:
+        note += f"; its node count is kept, not {nodes} (examples/slurm/train.sbatch requeues on fewer)"
+    return f"requeued Slurm job {job} ({done}){note}"
+
+
+def _write_request(path: Path, updates: list[str]) -> None:
+    """One line of `scontrol update` fields (possibly empty), written aside and renamed: the batch script
+    reads it whole or not at all."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(" ".join(updates) + "\n", encoding="ascii")
+    os.replace(tmp, path)
 
 
 def _run(argv: list[str]) -> str:

@@ -101,32 +101,52 @@ def _slow(value: float | None, others: list[float], margin: float) -> float | No
     return median if value * (1 + margin) < median else None
 
 
+def _slow_links(r: int, pair_gbps: dict[tuple[int, int], float], suspects: set[int],
+                margin: float) -> tuple[float | None, float | None]:
+    """(the median of node r's links, the median of the links between other nodes when r's are worse by more
+    than `margin`, else None). Pairs with a suspect node (slow CPU, failed test) count for neither side, so one
+    node's slow link is named even beside another's slow CPU; r's own pairs are kept when it has no other. Two
+    nodes have one link between them and no other link to compare it with: never named here."""
+    ok = {p: g for p, g in pair_gbps.items() if not (set(p) - {r}) & suspects}
+    mine = [g for p, g in ok.items() if r in p] or [g for p, g in pair_gbps.items() if r in p]
+    others = [g for p, g in ok.items() if r not in p]
+    value = statistics.median(mine) if mine else None
+    return value, _slow(value, others, margin)
+
+
 def judge(cfg: Config, members: list[int], results: dict[int, dict[str, Any]], hosts: dict[int, str]) -> Verdict:
     """The verdict from every node's measurements (`results[rank]`: gflops, pairs {peer: {gbps, latency_ms}},
     all_gbps, all_latency_ms, error)."""
-    expected = range(cfg.nnodes_max) if cfg.node_rank is not None or cfg.expected_hosts else []
+    expected = (range(len(cfg.expected_hosts)) if cfg.expected_hosts else
+                range(cfg.nnodes_max) if cfg.node_rank is not None else [])
     rows: list[dict[str, Any]] = []
     links: dict[int, list[float]] = {r: [] for r in members}
     lat: dict[int, list[float]] = {r: [] for r in members}
+    pair_gbps: dict[tuple[int, int], float] = {}
     for r in members:
         for peer, m in results.get(r, {}).get("pairs", {}).items():
             for a in (r, int(peer)):
                 if a in links and m.get("gbps") is not None:
                     links[a].append(m["gbps"])
                     lat[a].append(m["latency_ms"])
+            if m.get("gbps") is not None:
+                pair_gbps[(min(r, int(peer)), max(r, int(peer)))] = m["gbps"]
     link = {r: statistics.median(v) if v else None for r, v in links.items()}
     gflops = {r: results.get(r, {}).get("gflops") for r in members}
+    slow_cpu = {r: _slow(gflops[r], [v for k, v in gflops.items() if k != r and v is not None], cfg.margin)
+                for r in members}
+    # A slow or broken CPU slows every link of its node (gloo moves bytes on it): its pairs judge no other node.
+    suspects = {r for r in members if slow_cpu[r] is not None or results.get(r, {}).get("error") or r not in results}
     for r in members:
         res = results.get(r, {})
         why = []
         if res.get("error") or r not in results:
             why.append(f"a test failed: {res.get('error') or 'no result'}")
-        med = _slow(gflops[r], [v for k, v in gflops.items() if k != r and v is not None], cfg.margin)
+        if slow_cpu[r] is not None:
+            why.append(f"matmul {gflops[r]:.3g} GFLOP/s vs the others' {slow_cpu[r]:.3g}")
+        mine, med = _slow_links(r, pair_gbps, suspects, cfg.margin)
         if med is not None:
-            why.append(f"matmul {gflops[r]:.3g} GFLOP/s vs the others' {med:.3g}")
-        med = _slow(link[r], [v for k, v in link.items() if k != r and v is not None], cfg.margin)
-        if med is not None:
-            why.append(f"links {link[r]:.3g} GB/s vs the others' {med:.3g}")
+            why.append(f"links {mine:.3g} GB/s vs the others' {med:.3g}")
         if cfg.min_gbps is not None and link[r] is not None and min(links[r]) < cfg.min_gbps:
             worst = min(links[r])
             why.append(f"a link at {worst:.3g} GB/s, under health.preflight_min_gbps = {cfg.min_gbps:g}")
@@ -196,14 +216,18 @@ def _join(cfg: Config, store: Any) -> tuple[int, list[int], dict[int, str], int,
 
 
 def _wait_for_nodes(cfg: Config, store: Any) -> list[int]:
+    """Until every node has joined, or the timeout; with a node range and no scheduler naming the nodes, only
+    `JOIN_GRACE` past the minimum (where the scheduler names them, every one of them is waited for: a node of
+    the allocation that is late is as bad as one that never comes)."""
     deadline = time.monotonic() + cfg.timeout
     enough_at: float | None = None
+    want = min(cfg.nnodes_max, len(cfg.expected_hosts)) if cfg.expected_hosts else cfg.nnodes_max
     while True:
         n = int(store.add(PREFIX + "joined", 0))
         now = time.monotonic()
-        if n >= cfg.nnodes_min and enough_at is None:
+        if n >= cfg.nnodes_min and enough_at is None and not cfg.expected_hosts:
             enough_at = now
-        if n >= cfg.nnodes_max or now >= deadline or (enough_at is not None and now - enough_at >= JOIN_GRACE):
+        if n >= want or now >= deadline or (enough_at is not None and now - enough_at >= JOIN_GRACE):
             break
         time.sleep(0.02)
     candidates = range(max(cfg.nnodes_max, n + 64)) if cfg.node_rank is None else range(cfg.nnodes_max)
@@ -291,15 +315,21 @@ def _device_rate(torch: Any, device: Any, cuda: bool) -> float:
         if cuda:
             torch.cuda.synchronize(device)
 
+    window = MATMUL_SECONDS / WINDOWS
     one = _timed(lambda: a @ a, 1, sync)
-    reps = max(1, min(1000, int(MATMUL_SECONDS / WINDOWS / max(one, 1e-6))))
+    # Windows of wall time, the clock read after every matmul on a CPU: under a CPU quota the process runs a few
+    # ms of each 100 ms period, so a count of matmuls sized by one that ran inside such a burst either fits in
+    # the next burst (the full rate, the quota unseen) or stretches over seconds. On a GPU, launches between syncs.
+    chunk = max(1, min(100, int(window / 10 / max(one, 1e-6)))) if cuda else 1
     best = 0.0
     for _ in range(WINDOWS):  # the best window: the device's rate, not a neighbour's burst
-        t = time.perf_counter()
-        for _ in range(reps):
-            a @ a
-        sync()
-        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t) / 1e9)
+        done, t = 0, time.perf_counter()
+        while done == 0 or time.perf_counter() - t < window:
+            for _ in range(chunk):
+                a @ a
+            sync()
+            done += chunk
+        best = max(best, 2 * n**3 * done / (time.perf_counter() - t) / 1e9)
     return best
 
 

@@ -351,8 +351,9 @@ def _slurm(launch: Launch, env: Mapping[str, str]) -> Rendezvous:
     if nodes == 1:
         # One node: no host needs to reach this one, and a shared node may run several jobs.
         _reconcile_nnodes(launch, "1", notes)
+        capped = _slurm_cap(launch, 1, None, notes)
         notes += [f"endpoint {STANDALONE_ENDPOINT}: single node, the store binds a free port itself", id_note]
-        return Rendezvous(STANDALONE_ENDPOINT, run_id, True, 0, None, True, "slurm", tuple(notes))
+        return Rendezvous(STANDALONE_ENDPOINT, run_id, True, 0, capped, True, "slurm", tuple(notes))
 
     if not nodelist_var:
         raise UsageError(f"Slurm job {job_id} on {nodes} nodes but SLURM_JOB_NODELIST is not set; set launch.rdzv_endpoint")
@@ -366,8 +367,22 @@ def _slurm(launch: Launch, env: Mapping[str, str]) -> Rendezvous:
         notes.append("not inside an srun step: start resctl with srun --ntasks-per-node=1 so every node runs it")
     notes.append(id_note)
     node_rank = launch.node_rank if launch.node_rank is not None else node_id
-    nnodes = _reconcile_nnodes(launch, str(nodes), notes)
+    nnodes = _slurm_cap(launch, nodes, _reconcile_nnodes(launch, str(nodes), notes), notes)
     return Rendezvous(endpoint, run_id, False, node_rank, nnodes, node_id == 0, "slurm", tuple(notes))
+
+
+def _slurm_cap(launch: Launch, nodes: int, nnodes: str | None, notes: list[str]) -> str | None:
+    """A node range's maximum capped at the allocation: no node outside it comes, and the launcher's first
+    rendezvous would wait its last-call timeout for one (a job requeued on fewer nodes, a range wider than
+    `sbatch -N`)."""
+    if nnodes is not None:
+        return nnodes
+    lo, hi = _nnodes_range(launch.nnodes)
+    if hi <= nodes:
+        return None
+    capped = f"{lo}:{nodes}" if lo < nodes else str(nodes)
+    notes.append(f"launch.nnodes = {launch.nnodes} capped at the allocation's {nodes} node(s): {capped}")
+    return capped
 
 
 _HOST_PART = re.compile(r"\[([^\[\]]*)\]")

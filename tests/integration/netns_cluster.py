@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,6 +55,15 @@ class Cluster:
         (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(100000 * quota))))
         self.cgroups.append(group)
         (group / "cgroup.procs").write_text(str(pid))  # every thread of it, and what it starts later
+
+    def unslow_cpu(self) -> None:
+        """Lift the quotas of slow_cpu (the processes stay in their groups)."""
+        for group in self.cgroups:
+            (group / "cpu.cfs_quota_us").write_text("-1")
+
+    def cpu_stat(self) -> str:
+        """The slowed cgroups' cpu.stat (nr_throttled > 0: the quota held), for failure messages."""
+        return "; ".join(" ".join((g / "cpu.stat").read_text().split()) for g in self.cgroups if (g / "cpu.stat").exists())
 
     def connected(self, i: int, port: int) -> list[int]:
         """PIDs of node i's processes with an established TCP connection to `port` (from /proc)."""
@@ -114,8 +124,12 @@ def cluster(n: int) -> Iterator[Cluster]:
             c.kill(i)
             _ip("netns", "del", c.names[i])
         _ip("netns", "del", c.switch)
-        for group in c.cgroups:
-            try:
-                group.rmdir()
-            except OSError:
-                pass
+        for group in c.cgroups:  # empty once the killed processes are reaped, which may take a moment
+            for _ in range(50):
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)

@@ -273,6 +273,9 @@ def test_a_second_live_owner_is_refused_and_a_dead_one_does_not_block(tmp_path: 
             check_free(root)
         assert err.value.exit_code == 2
         with pytest.raises(CheckpointDirInUse):
+            check_free(root, run_id="run-B")
+        check_free(root, run_id="run-A")  # the same run: a node joining late (a hot spare) shares the directory
+        with pytest.raises(CheckpointDirInUse):
             Checkpointer(dir=root, rank=0, world_size=1).load({})
     finally:
         holder.kill()

@@ -211,6 +211,23 @@ def test_the_judge_names_a_slow_link_and_a_slow_device_with_their_numbers() -> N
     assert "links 0.05 GB/s vs the others' 1" in why[2] and "matmul 20 GFLOP/s vs the others' 100" in why[3]
 
 
+def test_a_slow_link_is_named_beside_a_slow_cpu_whose_links_are_slow_too() -> None:
+    """What the netns test measured: node 2's link throttled (0.019 GB/s), node 3's CPU at 3 % (its links at
+    0.047: gloo moves bytes on that CPU), the healthy links 0.08. Judged by each node's median link, node 2
+    (0.019) was within 3x of the others' (0.047): only node 3 was named."""
+    from resctl.health.preflight import judge
+
+    res = _results(4, {3: 3.5})
+    gbps = {(0, 1): 0.08, (0, 2): 0.019, (0, 3): 0.047, (1, 2): 0.019, (1, 3): 0.047, (2, 3): 0.019}
+    for (a, b), g in gbps.items():
+        res[a]["pairs"][str(b)]["gbps"] = g
+    v = judge(_cfg(margin=2.0), [0, 1, 2, 3], res, {})
+    status = {n["rank"]: n["status"] for n in v.nodes}
+    why = {n["rank"]: n["why"] for n in v.nodes}
+    assert status == {0: "ok", 1: "ok", 2: "slow", 3: "slow"}, why
+    assert "links 0.019 GB/s vs the others' 0.08" in why[2] and "matmul" in why[3] and "links" not in why[3]
+
+
 def test_exclusion_leaves_out_the_bad_nodes_only_when_enough_are_left() -> None:
     from resctl.health.preflight import judge
 
@@ -262,6 +279,44 @@ def test_the_slurm_drain_command_names_the_node_and_says_why() -> None:
     assert scheduler({"SLURM_JOB_ID": "1"}, "auto") == "slurm"
     assert scheduler({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "auto") == "kubernetes"
     assert scheduler({"SLURM_JOB_ID": "1"}, "off") is None and scheduler({}, "auto") is None
+
+
+def test_a_requeue_asks_for_the_good_nodes_when_the_range_allows_fewer_and_keeps_the_count_otherwise() -> None:
+    from resctl.health.cluster import requeue_nodes
+    from resctl.health.preflight import judge
+
+    hosts = {0: "n1", 1: "n2", 2: "n3"}
+    for low, want in ((1, 2), (2, 2), (3, None)):
+        cfg = _cfg(nnodes_min=low, nnodes_max=3, expected_hosts=("n1", "n2", "n3"))
+        v = judge(cfg, [0, 2], _results(3), hosts)  # n2 never joined
+        assert v.action == "fail" and requeue_nodes(cfg, v) == want, (low, v.nodes)
+
+
+def test_a_requeue_on_fewer_nodes_is_left_to_the_batch_script_when_it_asks(tmp_path: Path) -> None:
+    from resctl.health.placement import REQUEUE_FILE_ENV, requeue, requeue_updates
+
+    assert requeue_updates(None) == [] and requeue_updates(3) == ["NumNodes=3", "NumTasks=3"]
+    asked = tmp_path / "req"
+    said = requeue({"SLURM_JOB_ID": "7", REQUEUE_FILE_ENV: str(asked)}, nodes=1)
+    assert asked.read_text() == "NumNodes=1 NumTasks=1\n" and "requeued on 1 node(s) by the batch script" in said
+    requeue({"SLURM_JOB_ID": "7", REQUEUE_FILE_ENV: str(asked)})
+    assert asked.read_text() == "\n"  # a requeue as the job is
+    assert requeue({}) == "no SLURM_JOB_ID: not requeued"
+
+
+def test_a_slurm_node_range_is_capped_at_the_allocation(tmp_path: Path) -> None:
+    from resctl.launch.rendezvous import detect
+    from resctl.profile.schema import Launch
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0"}
+    one = detect(Launch(nnodes="1:2"), {**env, "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "n1"}, "n1",
+                 root=tmp_path)
+    assert one.nnodes == "1" and any("capped" in n for n in one.notes)
+    two = detect(Launch(nnodes="1:4"), {**env, "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "n[1-2]"}, "n1",
+                 root=tmp_path)
+    assert two.nnodes == "1:2"
+    assert detect(Launch(nnodes="1:2"), {**env, "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "n[1-2]"}, "n1",
+                  root=tmp_path).nnodes is None  # the profile's range, as it is
 
 
 def test_the_gate_blames_the_rank_that_died_without_a_word_then_the_first_to_fault(tmp_path: Path) -> None:
