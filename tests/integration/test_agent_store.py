@@ -39,9 +39,11 @@ dist.destroy_process_group()
 @pytest.mark.parametrize("worker_start", ["fork", "exec"])
 def test_a_restarted_group_meets_in_a_fresh_key_space_of_the_launchers_store(tmp_path: Path, worker_start: str) -> None:
     (tmp_path / "pg_restart.py").write_text(SCRIPT)
-    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts",
-                               "1", "pg_restart.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    assert "ATTEMPT 0 RANK 1 SUM 2 AGENT True" in torchrun.stdout  # the script is sound: torchrun's first attempt
+    # --standalone: a free port (torchrun's static default, 29500, may be taken on a shared box)
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               "--max-restarts", "1", "pg_restart.py"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=180)
+    assert "ATTEMPT 0 RANK 1 SUM 2 AGENT True" in torchrun.stdout, torchrun.stdout[-2000:] + torchrun.stderr[-2000:]
     code, out = finish(start(["--nproc-per-node", "2", "--max-restarts", "1", "--run-dir", "run", "--set",
                               f"launch.worker_start={worker_start}", "pg_restart.py"], cwd=tmp_path), timeout=180)
     seen = f"\n--- torchrun (exit {torchrun.returncode}):\n{torchrun.stdout[-1500:]}{torchrun.stderr[-1500:]}"
