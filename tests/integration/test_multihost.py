@@ -109,11 +109,15 @@ def start_node(ns: str, index: int, tmp_path: Path, job: list[str] | None = None
 
 
 def lose_node(ns: str) -> None:
-    for pid in _ip("netns", "pids", ns).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """Every process of the node at once, as when the machine goes: all are stopped first, so that none
+    reacts to a parent's death (the lifelines' SIGTERM) before its own SIGKILL lands."""
+    pids = [int(pid) for pid in _ip("netns", "pids", ns).stdout.split()]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def _run_until(nodes: list[str], procs: list[subprocess.Popen[str]], run_dir: Path, step: int) -> None:
