@@ -234,10 +234,10 @@ def _tcp_store(store: Any) -> Any:
 
 
 class _SharedStore:
-    """Where this cycle's workers were sent: the rendezvous store's (host, port) and their key space
-    in it, or None."""
+    """This cycle's workers' store: the rendezvous store's port (None: NVRx's own) and their key
+    space in it."""
 
-    endpoint: tuple[str, int] | None = None
+    port: str | None = None
     prefix = ""
 
 
@@ -268,9 +268,9 @@ def _agent_store(patches: Patches) -> None:
     def shared_master(store: Any) -> Any:
         tcp = _tcp_store(store)
         if tcp is None:
-            _SharedStore.endpoint = None
+            _SharedStore.port = None
             return get_master(store)
-        _SharedStore.endpoint = endpoint = (str(tcp.host), int(tcp.port))
+        _SharedStore.port = str(tcp.port)
         # One key space per rendezvous round, the same on every node: the first agent of the round
         # to get here names it (`store` is this round's). A restart count would not do: a replaced
         # node's launcher counts from 0 again while the others are at 1.
@@ -278,10 +278,10 @@ def _agent_store(patches: Patches) -> None:
 
         token = store.compare_set(_ROUND_KEY, "", uuid.uuid4().hex)
         _SharedStore.prefix = f"/worker/{token.decode() if isinstance(token, bytes) else token}"
-        return endpoint
+        return str(tcp.host), int(tcp.port)
 
     def start_sharing(*args: Any, **kwargs: Any) -> Any:
-        port = str(_SharedStore.endpoint[1]) if _SharedStore.endpoint else None
+        port = _SharedStore.port
         for env in (kwargs.get("envs") or {}).values() if port else ():
             if env.get("MASTER_PORT") == port:  # this cycle's workers were sent there
                 env[AGENT_STORE_ENV] = "True"
