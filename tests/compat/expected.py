@@ -31,6 +31,7 @@ _ENV = ("intended (README): TORCHELASTIC_RUN_ID is the job's run id (the run dir
 EXPECTED: dict[str, dict[str, str]] = {
     "end_sys_exit_message": {"fork": "sometimes: " + _QUICK_STOP},
     "restart_once": {"fork": "sometimes: " + _QUICK_STOP},
+    "restart_exhausted": {"fork": "sometimes: " + _QUICK_STOP},
     "faulthandler_segv": {"fork": _FAULT, "exec": _FAULT},
     "env_torchelastic": {"fork": _ENV, "exec": _ENV},
     "interpreter_state": {"fork": _PRELOAD, "exec": _PRELOAD},
