@@ -517,9 +517,8 @@ def main(argv: list[str]) -> int:
                      spawned=process_started())
     if shim.cycle > 0:  # ft_launcher restarted the worker group (in-job restart)
         shim.events.emit("restart", layer="launcher")
-    if profile.faults.schedule and shim.rank == 0:
-        print("resctl: FAULT DRILL ON: " + ", ".join(f"{f.kind}@{f.step}:{f.rank}" for f in profile.faults.schedule),
-              file=sys.stderr, flush=True)
+    # A fault drill is said once, by the launcher at launch (launch/execute.py `_notes`), not again
+    # by rank 0 after every restart.
     ended = ending.run(lambda: _run(shim, target))
     recorded = ending.run(lambda: _record(shim, ended))  # a failed final wait is an ending too
     ended = ended if not ended.clean or recorded.clean else recorded
