@@ -79,9 +79,23 @@ def _shown_traceback(err: BaseException) -> TracebackType | None:
     return tb
 
 
+def _is_refusal(err: BaseException) -> bool:
+    """resctl's own refusal of bad input (a checkpoint that does not fit the state, a directory
+    another job owns: `exit_code` 2). Its message says what and how to fix; a traceback would
+    only bury it."""
+    from resctl.errors import EXIT_USAGE, ResctlError
+
+    return isinstance(err, ResctlError) and getattr(err, "exit_code", None) == EXIT_USAGE
+
+
 def report_uncaught(err: BaseException) -> None:
     """What the interpreter does with an uncaught exception: `sys.excepthook` (the script's own, if it
-    set one), which prints the traceback to stderr."""
+    set one), which prints the traceback to stderr. A refusal of resctl's own is one line instead,
+    unless the script set a hook of its own (it then sees the exception as it would anywhere)."""
+    if _is_refusal(err) and sys.excepthook is sys.__excepthook__:
+        print(f"resctl: {type(err).__name__}: {err}", file=sys.stderr)
+        _flush()
+        return
     tb = _shown_traceback(err)
     err.__traceback__ = tb  # the default hook prints the exception's own traceback, not its argument
     try:
