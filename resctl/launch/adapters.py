@@ -292,9 +292,26 @@ def _agent_store(patches: Patches) -> None:
     patches.set(launcher, "start_processes", start_sharing)
 
 
+#: Seconds the peers of a worker that *exited* with a failing code keep running before the launcher
+#: looks (and stops them): torchrun's monitor interval, so a peer's last lines (its own traceback,
+#: an exit message) reach the console at least as often as under torchrun. A worker killed by a
+#: signal (kill -9, OOM, segfault) gets no grace: that is the fast-recovery path.
+PEER_GRACE = 0.1
+
+
+def _exited_failing(pid: int) -> bool:
+    """`pid` (a child) has exited with a code other than 0 (not killed by a signal); not reaped."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError):  # not our child, or reaped meanwhile
+        return False
+    return info is not None and info.si_code == os.CLD_EXITED and info.si_status != 0
+
+
 class _WakeOnWorkerExit:
     """Stands in for the `time` module inside NVRx's launcher module: `sleep()` also returns when
-    a worker that was alive exits. Everything else is the real module."""
+    a worker that was alive exits (after `PEER_GRACE` when it exited with a failing code).
+    Everything else is the real module."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
@@ -305,19 +322,22 @@ class _WakeOnWorkerExit:
     def sleep(self, seconds: float) -> None:
         _JobStop.check()
         LatePreload.maybe_start()
-        fds = []
+        fds: dict[int, int] = {}
         for pid in _Agent.live_pids():
             try:
-                fds.append(os.pidfd_open(pid))
+                fds[os.pidfd_open(pid)] = pid
             except OSError:  # gone and reaped, or no pidfd on this kernel
                 continue
         try:
-            exited = set(select.select(fds, [], [], 0)[0]) if fds else set()
+            exited = set(select.select(list(fds), [], [], 0)[0]) if fds else set()
             alive = [fd for fd in fds if fd not in exited]
             if not alive:
                 self._real.sleep(seconds)
-            else:
-                select.select(alive + _Agent.result_fds(), [], [], seconds)
+                return
+            start = self._real.monotonic()
+            woke = select.select(alive + _Agent.result_fds(), [], [], seconds)[0]
+            if any(fd in fds and _exited_failing(fds[fd]) for fd in woke):
+                self._real.sleep(max(0.0, min(PEER_GRACE, seconds - (self._real.monotonic() - start))))
         finally:
             for fd in fds:
                 os.close(fd)
