@@ -18,9 +18,6 @@ _THREAD = "intended (README): the shim's `resctl-sigterm` thread is running when
 _FAULT = ("intended (README): faulthandler's dump also shows the shim's thread, and its list of extension modules "
           "the shim's imports")
 _SIGTERM = "intended (README): the shim's SIGTERM handler and wakeup fd are installed when the script starts"
-_QUICK_STOP = ("intended (README): when a rank fails, resctl stops its peers at once (torchrun at its next 0.1 s "
-               "poll), so a peer's line printed within that moment (its own exit message, a first line) can be lost; "
-               "the failure summary shows the failed rank's")
 _POOL_SIGTERM = ("fork Pool children inherit the shim's SIGTERM handler and wakeup fd (resctl/shim/signals.py): "
                  "Pool.terminate() SIGTERMs them, the write lands in the parent's pipe and the parent worker "
                  "stops itself as for a job stop (exit 143)")
@@ -29,9 +26,6 @@ _ENV = ("intended (README): TORCHELASTIC_RUN_ID is the job's run id (the run dir
 # A reason that starts with "sometimes" is a difference seen in some runs only (a race): its test is
 # xfail(strict=False), so a pass does not fail the run; remove the entry once the cause is fixed.
 EXPECTED: dict[str, dict[str, str]] = {
-    "end_sys_exit_message": {"fork": "sometimes: " + _QUICK_STOP},
-    "restart_once": {"fork": "sometimes: " + _QUICK_STOP},
-    "restart_exhausted": {"fork": "sometimes: " + _QUICK_STOP},
     "faulthandler_segv": {"fork": _FAULT, "exec": _FAULT},
     "env_torchelastic": {"fork": _ENV, "exec": _ENV},
     "interpreter_state": {"fork": _PRELOAD, "exec": _PRELOAD},
