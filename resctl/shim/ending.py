@@ -90,13 +90,9 @@ def _is_refusal(err: BaseException) -> bool:
 
 def report_uncaught(err: BaseException) -> None:
     """What the interpreter does with an uncaught exception: `sys.excepthook` (the script's own, if it
-    set one), which prints the traceback to stderr. A refusal of resctl's own is one line instead,
-    unless the script set a hook of its own (it then sees the exception as it would anywhere)."""
-    if _is_refusal(err) and sys.excepthook is sys.__excepthook__:
-        print(f"resctl: {type(err).__name__}: {err}", file=sys.stderr)
-        _flush()
-        return
-    tb = _shown_traceback(err)
+    set one, or torch's `[rankN]:` prefixer), which prints the traceback to stderr. A refusal of
+    resctl's own goes to the same hook without its frames: the hook prints `Type: message`, no stack."""
+    tb = None if _is_refusal(err) else _shown_traceback(err)
     err.__traceback__ = tb  # the default hook prints the exception's own traceback, not its argument
     try:
         sys.excepthook(type(err), err, tb)
