@@ -96,6 +96,7 @@ _CASES = [
     Case("sig_dispositions", 0),
     # child processes
     Case("mp_fork_pool", 0),
+    Case("mp_fork_pool_many", 0),
     Case("mp_spawn_pool", 0),
     Case("mp_forkserver_pool", 0),
     Case("mp_state", 0),
