@@ -64,6 +64,8 @@ def room(agent: Any) -> Room | None:
     if holder is None or settings is None or not isinstance(nodes, int):
         return None
     with handler._heartbeat_lock:  # the keep-alive thread uses the same holder
+        if hasattr(holder, "_last_sync_time"):
+            holder._last_sync_time = float("-inf")  # read the store now, not the state cached for a second
         holder.sync()
         state = holder.state
     logging.getLogger(__name__).info(
