@@ -61,7 +61,7 @@ def room(agent: Any) -> Room | None:
     handler = getattr(getattr(getattr(agent, "_worker_group", None), "spec", None), "rdzv_handler", None)
     holder, settings = getattr(handler, "_state_holder", None), getattr(handler, "_settings", None)
     nodes = getattr(getattr(agent, "_worker_group", None), "group_world_size", None)
-    if holder is None or settings is None or not isinstance(nodes, int):
+    if handler is None or holder is None or settings is None or not isinstance(nodes, int):
         return None
     with handler._heartbeat_lock:  # the keep-alive thread uses the same holder
         if hasattr(holder, "_last_sync_time"):
