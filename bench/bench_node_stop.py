@@ -7,7 +7,7 @@ examples/train_ckpt.py (0.05 s steps), node 1's `resctl run` SIGTERMed at step >
 - spare:  `launch.nnodes = "2"` and node 2 waiting as a spare: seconds from the SIGTERM to the next step, the
           spare as rank 1 from the stop step.
 
-Usage: sudo python bench/bench_node_stop.py WORKDIR [RUNS]   (prints one dict per run and case)
+Usage: sudo python bench/bench_node_stop.py WORKDIR [RUNS] [CASE,...]   (prints one dict per run and case)
 """
 import os
 import signal
@@ -20,6 +20,8 @@ from tests.integration.netns_cluster import cluster
 from tests.integration.node_jobs import Nodes
 
 CASES = {"fixed": ("2", 2), "range": ("1:2", 2), "spare": ("2", 3)}
+if len(sys.argv) > 3:  # only these cases
+    CASES = {k: v for k, v in CASES.items() if k in sys.argv[3].split(",")}
 work = Path(sys.argv[1])
 runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 for run in range(runs):

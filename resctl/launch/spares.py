@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from resctl.launch.preload import LatePreload
 from resctl.patching import Patches
 
 #: A spare moves from the redundancy list to the wait list in two writes of the rendezvous state: one that
@@ -80,7 +81,8 @@ def room(agent: Any) -> Room | None:
 
 def decide_after_peer_stop(agent: Any, console: Any = None) -> bool:
     """Another node stopped the job and this node's workers left with it (final checkpoint saved): True
-    when this launcher should stop too (exit 143), False to restart; one console line either way."""
+    when this launcher should stop too (exit 143), False to restart; one console line either way (none for a
+    rendezvous of another shape, where NVRx restarts as it always did)."""
     console = console or sys.stderr
     found, reason = None, ""
     for attempt in range(RECHECKS + 1):
@@ -91,8 +93,10 @@ def decide_after_peer_stop(agent: Any, console: Any = None) -> bool:
         except Exception as err:  # noqa: BLE001 - the store gone with the leaving host: the job cannot go on
             found, reason = None, f"the rendezvous cannot be read ({type(err).__name__}: {err})"
             break
-        reason = "" if found is None else found.why()
-        if found is None or found.goes_on():
+        if found is None:
+            return False  # not NVRx 0.4/0.5's c10d rendezvous (0.6+'s barrier): NVRx's own restart, as before
+        reason = found.why()
+        if found.goes_on():
             break
     if found is not None and found.goes_on():
         console.write(f"resctl: another node was stopped (SIGTERM) and every rank saved the final checkpoint "
@@ -100,7 +104,7 @@ def decide_after_peer_stop(agent: Any, console: Any = None) -> bool:
         console.flush()
         return False
     console.write(f"resctl: another node was stopped (SIGTERM) and every rank saved the final checkpoint with "
-                  f"it; the job cannot go on without that node ({reason or 'its node count is unknown'}): this "
+                  f"it; the job cannot go on without that node ({reason}): this "
                   "node stops too (exit 143), and a restart of the job resumes from that checkpoint\n")
     console.flush()
     return True
@@ -136,6 +140,7 @@ def spare_lines(patches: Patches, console: Any = None) -> None:
                           f"(launch.nnodes maximum {ctx.settings.max_nodes}); it waits and takes the place of a "
                           "node that is lost or leaves\n")
                 out.flush()
+                LatePreload.start_now()  # what its first workers would import, while it waits
         except Exception:  # noqa: BLE001 - a console line is never worth a launcher crash
             pass
         return action

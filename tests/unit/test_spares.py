@@ -82,10 +82,21 @@ def test_no_spare_and_a_fixed_size_stops_this_node_with_one_line(monkeypatch: py
     assert "goes on without that node" in console.getvalue()
 
 
-def test_an_unknown_launcher_shape_stops_rather_than_waiting_for_the_join_timeout() -> None:
+def test_another_rendezvous_shape_keeps_nvrx_restart_and_an_unreadable_one_stops() -> None:
     console = io.StringIO()
-    assert spares.decide_after_peer_stop(SimpleNamespace(), console) is True
-    assert "its node count is unknown" in console.getvalue()
+    assert spares.decide_after_peer_stop(SimpleNamespace(), console) is False, "NVRx >= 0.6: as before"
+    assert console.getvalue() == ""
+
+    class Gone(_Holder):
+        def sync(self) -> None:
+            raise ConnectionError("store gone with the leaving host")
+
+    a = _node("10.0.0.1")
+    state = rdzv._RendezvousState()
+    agent = _agent(state, 2, 2, 2, prev={a: 0})
+    agent._worker_group.spec.rdzv_handler._state_holder = Gone(state)
+    assert spares.decide_after_peer_stop(agent, console) is True
+    assert "the rendezvous cannot be read (ConnectionError: store gone with the leaving host)" in console.getvalue()
 
 
 def test_the_launcher_believes_only_its_own_left_markers(tmp_path: Path) -> None:
