@@ -20,6 +20,7 @@ left, up to the join timeout, then fail. `decide_after_peer_stop` decides instea
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -147,3 +148,36 @@ def spare_lines(patches: Patches, console: Any = None) -> None:
 
     patches.set(join_op, "__call__", saying_join)
     patches.on_undo(lambda: setattr(_Spare, "said", False))
+
+
+def wait_for_full_round(endpoint: str, run_id: str, nodes: int, timeout: float, poll: float = 0.5) -> bool:
+    """Until the launchers' rendezvous at `endpoint` ("host:port") has a complete round of at least `nodes`
+    participants (True), or `timeout` seconds (False). A node the cluster preflight left untested (it came to a
+    full job) waits here before its launcher starts, so NVRx's rendezvous keeps it as the spare instead of letting
+    it in before a tested node."""
+    import pickle
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+    )
+
+    from resctl.profile.schema import split_endpoint
+
+    host, port = split_endpoint(endpoint, 0)
+    deadline = time.monotonic() + timeout
+    store = None
+    while time.monotonic() < deadline:
+        try:
+            if store is None:
+                socket.create_connection((host, port), timeout=1.0).close()  # c10d logs each failed connect loudly
+                store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(1.0, 4 * poll)))
+            got = C10dRendezvousBackend(store, run_id).get_state()
+            state = pickle.loads(got[0]) if got else None  # the job's own rendezvous store (NVRx reads it so)
+            if state is not None and state.complete and len(state.participants) >= nodes:
+                return True
+        except Exception:  # noqa: BLE001 - the host's launcher not up yet, or the state not written: poll again
+            store = None
+        time.sleep(poll)
+    return False

@@ -28,8 +28,10 @@ class Nodes:
     """The `resctl run` of each node of one job; node i's console goes to <tmp>/n<i>.log (a restarted
     node appends to it)."""
 
-    def __init__(self, c: Cluster, tmp: Path, nnodes: str, port: int, steps: int = STEPS) -> None:
+    def __init__(self, c: Cluster, tmp: Path, nnodes: str, port: int, steps: int = STEPS,
+                 env: dict[str, str] | None = None) -> None:
         self.c, self.tmp, self.nnodes, self.port, self.steps = c, tmp, nnodes, port, steps
+        self.env = {**ENV, **(env or {})}
         self.run_dir = tmp / "run"
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.go = tmp / "go"  # the script's first step waits for it (`release`)
@@ -54,7 +56,7 @@ class Nodes:
                 "--hold-until", str(self.go)]
         with open(self.log(i), "ab") as out:
             self.procs[i] = subprocess.Popen([*self.c.exec_prefix(i), sys.executable, "-m", "resctl", *args],
-                                             cwd=self.tmp, env={**ENV, "GLOO_SOCKET_IFNAME": self.c.dev(i)},
+                                             cwd=self.tmp, env={**self.env, "GLOO_SOCKET_IFNAME": self.c.dev(i)},
                                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def log(self, i: int) -> Path:

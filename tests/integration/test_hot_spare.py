@@ -8,7 +8,8 @@ redundancy list; resctl says so on its console). Then node 1 leaves:
   at one agreed step, node 1 exits 143, and the spare takes rank 1 from exactly that step (no step lost).
 
 Either way nodes 0 and 2 finish with exit 0 and the final state equals a fault-free 2-rank run of the same
-unmodified script under torchrun, bit for bit. Needs root, iproute2 and tc; skipped with the reason otherwise.
+unmodified script under torchrun, bit for bit. Three nodes started at once: two train, one waits as the spare;
+with `launch.preflight = "cluster"` the spare is the node the preflight did not test (it came to a full job). Needs root, iproute2 and tc; skipped with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -73,4 +74,27 @@ def test_a_spare_takes_the_place_of_a_node_that_leaves(tmp_path: Path, ckpt_refe
         assert "the job goes on without that node: a spare node takes its place" in nodes.said(0), consoles
     last = {r: max(e["step"] for e in ev if e["kind"] == "step" and e["rank"] == r) for r in (0, 1)}
     assert last == {0: STEPS, 1: STEPS}, last
+    assert_same_final(tmp_path / "final.pt", ckpt_reference)
+
+
+@pytest.mark.parametrize("preflight", ["off", "cluster"])
+def test_three_nodes_started_at_once_two_train_and_one_waits(tmp_path: Path, ckpt_reference: Path,  # noqa: F811
+                                                            preflight: str) -> None:
+    env = {"RESCTL_LAUNCH_PREFLIGHT": preflight, "RESCTL_HEALTH_PREFLIGHT_MARGIN": "2"}  # 3 nodes on 2 shared cores
+    with cluster(3) as c:
+        nodes = Nodes(c, tmp_path, "2", PORT + 1, env=env)
+        nodes.release()
+        for i in range(3):
+            nodes.start(i)
+        codes = nodes.finish([0, 1, 2], 150)
+        consoles = nodes.consoles()
+    assert codes == {0: 0, 1: 0, 2: 0}, consoles
+    spares = [i for i in range(3) if SPARE_LINE in nodes.said(i)]
+    assert len(spares) == 1, consoles
+    if preflight == "cluster":
+        untested = [i for i in range(3) if "is not tested and goes on to wait as a spare" in nodes.said(i)]
+        assert untested == spares, consoles
+        tested = [i for i in range(3) if "cluster preflight (gloo, 2 node(s))" in nodes.said(i)]
+        assert sorted(tested + spares) == [0, 1, 2], consoles
+    assert {e["rank"] for e in nodes.events() if e["kind"] == "start"} == {0, 1}
     assert_same_final(tmp_path / "final.pt", ckpt_reference)
