@@ -85,7 +85,7 @@ def argv_for(launcher: str, nproc: int, script: Path, script_args: list[str], re
 
 
 STEP = re.compile(r"STEP (\d+) (\d+) ([\d.]+)$")
-PID = re.compile(r"PID (\d+) (\d+)$")
+PID = re.compile(r"PID (\d+) (\d+)\b")
 
 
 def steps_of(line: str) -> tuple[int, int, float] | None:
@@ -147,7 +147,10 @@ def main() -> None:
     args.resctl_args = args.resctl_args.split()
     args.script_args = args.script_args.split()
     launchers = args.launchers.split(",")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Buffered stdout (the scripts print each line with flush=True): one write per line. Unbuffered,
+    # print() writes the text and the newline apart and two ranks' lines could glue together (a PID
+    # line lost, seen once).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     result: dict[str, Any] = {"script": args.script, "nproc": args.nproc, "device": args.device,
                               "kill_to_first_step": {l: [] for l in launchers}, "clean_wall": {l: [] for l in launchers}}
