@@ -75,10 +75,12 @@ class OwnedRendezvousHandler:
     """One agent's handle on the run's rendezvous (duck-typed NVRx `RendezvousHandler`)."""
 
     def __init__(self, store: Any, settings: _Settings, *, connector: Any = None, health_check: Any = None,
-                 backend_name: str = "c10d") -> None:
+                 backend_name: str = "c10d", base_store: Any = None, connect: Any = None) -> None:
         self._store = store
+        self._base_store = store if base_store is None else base_store  # what each round's PrefixStore is over
         self._settings = settings
         self._keys = Keys(settings.run_id)
+        self._connect = connect  # makes the keep-alive's own connection (default: a new client of the same TCPStore)
         self._connector = connector  # NVRx's IPC socket from this node's ranks (exclude/shutdown requests)
         self._health_check = health_check
         self._backend_name = backend_name
@@ -124,7 +126,7 @@ class OwnedRendezvousHandler:
         self._round, self._rank, self._outcome = rnd, outcome.ranks[index], outcome
         log.info("The node (slot %s) has joined round %s of the rendezvous %r as rank %s in a world of size %s.",
                  self._slot, rnd, self._settings.run_id, self._rank, outcome.size)
-        return dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{rnd}", self._store), self._rank, outcome.size
+        return dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{rnd}", self._base_store), self._rank, outcome.size
 
     def num_nodes_waiting(self) -> int:
         """Nodes that joined the round after this node's (the launcher restarts its workers for them)."""
@@ -185,6 +187,11 @@ class OwnedRendezvousHandler:
         if self._slot >= 0:
             self._start_heartbeats()
             return
+        try:  # the keep-alive's own connection, made before anything else uses the store from a thread
+            self._beat_store = self._connect() if self._connect is not None else _second_client(self._store)
+        except Exception as err:  # noqa: BLE001 - the shared connection still works (beats wait behind a wait)
+            log.debug("rendezvous keep-alive: no second connection (%s); sharing the agent's", err)
+            self._beat_store = self._store
         self._slot = int(self._store.add(self._keys.members, 1)) - 1
         self._beat()
         if self.on_register is not None:
@@ -367,9 +374,6 @@ class OwnedRendezvousHandler:
         if self._beat_thread is not None and self._beat_thread.is_alive():
             return
         self._stop.clear()
-        if self._beat_store is None:
-            clone = getattr(self._store, "clone", None)
-            self._beat_store = clone() if clone is not None else self._store
         self._beat_thread = threading.Thread(target=self._beats, name=f"resctl-rdzv-keepalive-{self._slot}",
                                              daemon=True)
         self._beat_thread.start()
@@ -383,6 +387,18 @@ class OwnedRendezvousHandler:
                     self._try_close(waiting, leader=False, deadline=float("inf"), store=self._beat_store)
             except Exception as err:  # noqa: BLE001 - a missed beat is what the expiry allows for
                 log.debug("rendezvous keep-alive failed: %s", err)
+
+
+def _second_client(store: Any) -> Any:
+    """A new client of the TCPStore `store` (the store itself when it is another kind). A blocking
+    `wait` holds a TCPStore client's connection, so the keep-alive cannot share the agent's. Made
+    once, before the keep-alive thread starts: connecting while other threads of the process used the
+    store stalled them all for 5 s here (and so did `clone()`)."""
+    import torch.distributed as dist
+
+    if not isinstance(store, dist.TCPStore):
+        return store
+    return dist.TCPStore(store.host, store.port, None, False, timeout=timedelta(seconds=60))
 
 
 def mark_dead(store: Any, run_id: str, slot: int) -> None:
