@@ -180,3 +180,29 @@ def test_num_nodes_counts_members_that_have_not_left(cluster: Any) -> None:
     b._stop_heartbeats()
     b.remove_this_node()
     assert a.num_nodes() == 1
+
+
+def test_a_round_whose_last_arrival_died_before_closing_it_is_closed_by_a_keep_alive(cluster: Any, port: int) -> None:
+    from resctl.launch.rdzv_rounds import Joiner, Keys
+
+    c = cluster("backup", 3, 3)
+    a = c.node()
+    raw = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30), use_libuv=False)
+    keys = Keys("backup")
+
+    def ghost(index: int) -> None:  # an agent that joins and dies at once: never polls, never closes
+        slot = int(raw.add(keys.members, 1)) - 1
+        assert int(raw.add(keys.joined(0), 1)) - 1 == index
+        raw.set(keys.joiner(0, index), Joiner(slot, -1, -1, 1, "default").encode())
+
+    raw.compare_set(keys.current, "", "0")
+    ghost(0)  # the round's leader
+    got: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: got.update(r=a.next_rendezvous()[1:]), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while int(raw.add(keys.joined(0), 0)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    ghost(2)  # the arrival that made the round full
+    thread.join(10)
+    assert got["r"][1] == 3, "closed by the surviving node's keep-alive thread"
