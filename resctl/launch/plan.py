@@ -97,10 +97,11 @@ def restart_policy(resolved: Resolved, nvrx_version: str) -> tuple[str, str]:
 
 
 def owned_rendezvous_env(resolved: Resolved, series: str, policy: str) -> dict[str, str]:
-    """The launcher's environment for resctl's rendezvous (resctl.launch.adapters), {} for NVRx's;
-    UsageError where it cannot stand in (another NVRx series, the min-healthy policy)."""
+    """The launcher's environment for resctl's rendezvous (resctl.launch.adapters), {} for NVRx's.
+    "auto" takes resctl's where it can stand in (NVRx 0.4, the any-failed policy); "resctl" there
+    only, a UsageError elsewhere."""
     launch = resolved.profile.launch
-    if launch.rendezvous != "resctl":
+    if launch.rendezvous == "nvrx" or (launch.rendezvous == "auto" and (series != "0.4" or policy != "any-failed")):
         return {}
     where = resolved.source("launch.rendezvous")
     if series != "0.4":
@@ -256,6 +257,9 @@ def plan(
     if rdzv_env:
         settings.append(("(resctl) rendezvous", f"resctl's (keep-alive {launch.rdzv_keep_alive:g}s x "
                          f"{launch.rdzv_keep_alive_misses})", src("launch.rendezvous")))
+    else:
+        settings.append(("(resctl) rendezvous", "NVRx's", src("launch.rendezvous")
+                         + ("" if launch.rendezvous == "nvrx" else f" (NVRx {series}, {policy})")))
 
     # What the workers run.
     if target.no_python and launch.use_shim:
