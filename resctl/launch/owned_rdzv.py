@@ -306,7 +306,7 @@ class OwnedRendezvousHandler:
             try:
                 self._store.wait(keys, timedelta(seconds=left))
                 return
-            except Exception as err:  # noqa: BLE001 - DistStoreError on timeout: the loop decides
+            except Exception as err:
                 if "timeout" not in str(err).lower() and "timed out" not in str(err).lower():
                     raise
 

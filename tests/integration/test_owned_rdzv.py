@@ -19,7 +19,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, assert_same_weights, events, finish, last_step, start, wait_for
+from tests.integration.jobs import (
+    EXAMPLES,
+    LOCAL_PROFILE,
+    assert_same_weights,
+    events,
+    finish,
+    last_step,
+    start,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(EXAMPLES / "train_snapshot.py")
