@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 CLOSED, TIMED_OUT = "closed", "timeout"
 #: How often the leader of a round looks at its counter.
 LEADER_POLL_S = 0.05
+#: A spare waits for the next round in blocking waits of this long (torch warns on each one that ends).
+SPARE_WAIT_S = 3600.0
 
 
 class _Errors:
@@ -115,7 +117,9 @@ class OwnedRendezvousHandler:
         deadline = time.monotonic() + self._settings.join_timeout
         while True:
             self._raise_if_closed(spare=False)
-            rnd = self._target_round(deadline)
+            rnd, waited = self._target_round()
+            if waited:  # a spare's wait has no deadline; its join has the usual one (as NVRx's redundancy list)
+                deadline = time.monotonic() + self._settings.join_timeout
             index = self._join(rnd)
             outcome = self._await(rnd, index, deadline)
             if index < outcome.size:
@@ -210,21 +214,22 @@ class OwnedRendezvousHandler:
                                                       "terminating pending rendezvous.")
             raise api.RendezvousClosedError()
 
-    def _target_round(self, deadline: float) -> int:
-        """The round to join: the latest while it is open; the next one after a round this node was in,
-        or (a new node) when the last round has room; else wait as a spare until the next one opens."""
+    def _target_round(self) -> tuple[int, bool]:
+        """The round to join, and whether this node waited as a spare for it: the latest while it is
+        open; the next one after a round this node was in, after one that closed without a world (timed
+        out), or (a new node) when the last round has room; else the next one, once it opens."""
         latest = self._current()
         if not self._store.check([self._keys.done(latest)]):
-            return latest
+            return latest, False
         if self._round == latest and self._rank >= 0:
-            return latest + 1
-        last = self._read_outcome(latest)
-        if last is not None and last.size < self._settings.max_nodes and self._settings.upscaling_enabled:
-            return latest + 1
+            return latest + 1, False
+        last = self._read_outcome_of(latest, self._store)
+        if last is None or (last.size < self._settings.max_nodes and self._settings.upscaling_enabled):
+            return latest + 1, False
         log.info("rendezvous %r: round %s is full; waiting as a spare for the next round", self._settings.run_id, latest)
-        self._wait_keys([self._keys.opened(latest + 1)], deadline)
+        self._wait_keys([self._keys.opened(latest + 1)], None)
         self._raise_if_closed(spare=True)
-        return latest + 1
+        return latest + 1, True
 
     def _join(self, rnd: int) -> int:
         self._check_node()
@@ -297,10 +302,10 @@ class OwnedRendezvousHandler:
             raise api.RendezvousTimeoutError()
         return Outcome.decode(text)
 
-    def _wait_keys(self, keys: list[str], deadline: float) -> None:
-        """A blocking wait (no polling), bounded by the join deadline."""
+    def _wait_keys(self, keys: list[str], deadline: float | None) -> None:
+        """A blocking wait (no polling), bounded by the join deadline (None: none, in waits of an hour)."""
         while True:
-            left = deadline - time.monotonic()
+            left = SPARE_WAIT_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise _Errors.api().RendezvousTimeoutError()
             try:

@@ -206,3 +206,34 @@ def test_a_round_whose_last_arrival_died_before_closing_it_is_closed_by_a_keep_a
     ghost(2)  # the arrival that made the round full
     thread.join(10)
     assert got["r"][1] == 3, "closed by the surviving node's keep-alive thread"
+
+
+def test_a_spare_waits_past_the_join_timeout(port: int) -> None:
+    """As on NVRx's redundancy list: a spare waits for a failure as long as it takes."""
+    c = Cluster(port, "patient", 1, 1)
+    c.args = ("patient", 1, 1, 0.5, 30.0, KEEP_ALIVE, MISSES, True)  # a join timeout of 0.5 s
+    try:
+        a = c.node()
+        join_all([a])
+        spare = c.node()
+        got: dict[str, Any] = {}
+
+        def wait_as_spare() -> None:
+            try:
+                got["r"] = spare.next_rendezvous()[1:]
+            except Exception as err:  # noqa: BLE001 - the test looks at it
+                got["error"] = err
+
+        thread = threading.Thread(target=wait_as_spare, daemon=True)
+        thread.start()
+        time.sleep(1.5)
+        assert thread.is_alive() and not got, "still waiting, past the join timeout"
+        a._stop_heartbeats()
+        join_all([a])  # a restarts alone (max 1): the spare's round opens, a takes it; the spare waits on
+        thread.join(0.5)
+        assert thread.is_alive()
+        a.set_closed()  # the job ends: the spare leaves
+        thread.join(10)
+        assert not thread.is_alive() and type(got.get("error")).__name__ == "RendezvousGracefulExitError", got
+    finally:
+        c.close()
