@@ -97,6 +97,9 @@ def main() -> None:
     ap.add_argument("--sigterm-at", default="", metavar="STEP:RANK[@SECONDS],...",
                     help="RANK sends itself SIGTERM in STEP, after the gradient all-reduce and before the step "
                     "boundary, SECONDS after the all-reduce (a stop signal that reaches the ranks at different steps)")
+    ap.add_argument("--hold-until", default="", metavar="PATH",
+                    help="a run that starts from step 0 waits for PATH to exist before its first step (a test "
+                    "brings up another node meanwhile)")
     args = ap.parse_args()
     sigterms = parse_sigterm_at(args.sigterm_at)
     stall_step, _, stall_rank = args.stall_at.partition(":")
@@ -127,6 +130,8 @@ def main() -> None:
     if start:
         print(f"[rank {rank}] resumed from checkpoint step {start}", flush=True)
 
+    while args.hold_until and not start and not os.path.exists(args.hold_until):
+        time.sleep(0.05)
     loss = torch.zeros(())
     for step in range(start + 1, args.steps + 1):
         x, y = (t.to(device) for t in batch(step, rank, args.width))

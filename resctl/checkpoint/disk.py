@@ -173,10 +173,12 @@ class Disk:
         verified by its load, so the one it resumed from stays until `keep_last` newer ones are
         durable); remove every step directory older than the oldest kept (with `recycle` the first
         one is hidden and kept for the next write). Newer unverified ones are left alone. Returns
-        how many were removed from view."""
+        how many were removed from view. With exactly `keep_last` verified ones, the older (a
+        previous process's, not verified by this one) go too: otherwise a job killed after each
+        restart's first save would keep one more checkpoint every restart."""
         visible = fmt.list_step_dirs(self.dir)
         good = [s for s, _ in visible if s in self.verified]
-        if len(good) <= self.keep_last:
+        if len(good) < self.keep_last:
             return 0
         removed = 0
         oldest_kept = good[self.keep_last - 1]

@@ -51,7 +51,7 @@ def preflight(resolved: Any, rdzv: Any, run_dir: Any = None,
 
 def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
     """`resctl run` with launch.preflight = "cluster": None to go on (the plan's --nnodes set to the nodes left
-    when some were excluded), else the exit code (1: failed, 94: this node left out)."""
+    when some were excluded; a node that came to a full job goes on as a spare), else the exit code (1: failed, 94: this node left out)."""
     from resctl.cli.render import err_console
     from resctl.errors import EXIT_EXCLUDED, EXIT_FAILURE
 
@@ -64,6 +64,16 @@ def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
                               show=lambda rank, verdict: render(err_console, verdict, rank))
     if verdict.action == "fail":
         return EXIT_FAILURE
+    if verdict.action == "spare":  # NVRx's rendezvous keeps it on its redundancy list once the tested nodes train
+        from resctl.launch import spares
+
+        timeout = float(resolved.profile.health.preflight_timeout)
+        if not spares.wait_for_full_round(launch_plan.rendezvous.endpoint, launch_plan.rendezvous.run_id,
+                                          len(verdict.members), timeout):
+            err_console.print(f"resctl: the tested nodes did not start training within {timeout:g} s "
+                              f"(health.preflight_timeout): no job to be a spare of; exit {EXIT_FAILURE}")
+            return EXIT_FAILURE
+        return None
     if verdict.action == "exclude":
         if rank in verdict.excluded:
             err_console.print(f"resctl: this node ({rank}) is left out by the cluster preflight "

@@ -61,7 +61,7 @@ class Config:
 
 @dataclass
 class Verdict:
-    action: str  # ok, fail, exclude
+    action: str  # ok, fail, exclude; spare: this node came to a full job (it goes on and waits)
     nodes: list[dict[str, Any]]  # one row per node: rank, host, gflops, link_gbps, latency_ms, status, why
     excluded: list[int]
     members: list[int]  # ranks that joined
@@ -371,8 +371,10 @@ def run_node(cfg: Config) -> tuple[int, Verdict]:
     rank, members, hosts, turn, turns = _join(cfg, store)
     joined = time.monotonic()
     if rank not in members:
-        verdict = Verdict("exclude", [], [rank], members, message=f"node {rank} joined too late")
-        return rank, verdict
+        if len(members) >= cfg.nnodes_max:  # the job is full: a spare (launch/spares.py), not a bad node
+            return rank, Verdict("spare", [], [], members, message=f"the preflight has its {len(members)} node(s): "
+                                 f"node {rank} is not tested and goes on to wait as a spare")
+        return rank, Verdict("exclude", [], [rank], members, message=f"node {rank} joined too late")
     result: dict[str, Any]
     if len(members) >= cfg.nnodes_min:
         try:

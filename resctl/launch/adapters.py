@@ -56,7 +56,7 @@ import signal
 import time
 from typing import Any
 
-from resctl.launch import stop
+from resctl.launch import spares, stop
 from resctl.launch.preload import LatePreload
 from resctl.patching import Patches
 
@@ -174,6 +174,7 @@ def _quick_restart_stops(patches: Patches) -> None:
         before_cycle(self)  # resctl.health.gate: may stop the launcher before this cycle's workers start
         _Agent.current = self
         stop.clear(_stop_file())
+        stop.clear_left(_stop_file())
         LatePreload.before_fork()
         started = start_workers(self, *args, **kwargs)
         LatePreload.workers_started()
@@ -298,9 +299,26 @@ def _agent_store(patches: Patches) -> None:
     patches.set(launcher, "start_processes", start_sharing)
 
 
+#: Seconds the peers of a worker that *exited* with a failing code keep running before the launcher
+#: looks (and stops them): torchrun's monitor interval, so a peer's last lines (its own traceback,
+#: an exit message) reach the console at least as often as under torchrun. A worker killed by a
+#: signal (kill -9, OOM, segfault) gets no grace: that is the fast-recovery path.
+PEER_GRACE = 0.1
+
+
+def _exited_failing(pid: int) -> bool:
+    """`pid` (a child) has exited with a code other than 0 (not killed by a signal); not reaped."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError):  # not our child, or reaped meanwhile
+        return False
+    return info is not None and info.si_code == os.CLD_EXITED and info.si_status != 0
+
+
 class _WakeOnWorkerExit:
     """Stands in for the `time` module inside NVRx's launcher module: `sleep()` also returns when
-    a worker that was alive exits. Everything else is the real module."""
+    a worker that was alive exits (after `PEER_GRACE` when it exited with a failing code).
+    Everything else is the real module."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
@@ -311,19 +329,22 @@ class _WakeOnWorkerExit:
     def sleep(self, seconds: float) -> None:
         _JobStop.check()
         LatePreload.maybe_start()
-        fds = []
+        fds: dict[int, int] = {}
         for pid in _Agent.live_pids():
             try:
-                fds.append(os.pidfd_open(pid))
+                fds[os.pidfd_open(pid)] = pid
             except OSError:  # gone and reaped, or no pidfd on this kernel
                 continue
         try:
-            exited = set(select.select(fds, [], [], 0)[0]) if fds else set()
+            exited = set(select.select(list(fds), [], [], 0)[0]) if fds else set()
             alive = [fd for fd in fds if fd not in exited]
             if not alive:
                 self._real.sleep(seconds)
-            else:
-                select.select(alive + _Agent.result_fds(), [], [], seconds)
+                return
+            start = self._real.monotonic()
+            woke = select.select(alive + _Agent.result_fds(), [], [], seconds)[0]
+            if any(fd in fds and _exited_failing(fds[fd]) for fd in woke):
+                self._real.sleep(max(0.0, min(PEER_GRACE, seconds - (self._real.monotonic() - start))))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -391,13 +412,14 @@ class _JobStop:
     """A SIGTERM/SIGINT/SIGHUP/SIGQUIT the launcher received, remembered until the launcher acts on it."""
 
     signum: int | None = None
+    peer = False  # the stop is another node's, taken on here (resctl.launch.spares): no signal of its own
     inside_run = False  # in the agent's `_invoke_run`: where a swallowed stop can be raised again
     restarting = False  # in `_restart_workers`: a stop now waits for the new workers (no one to save)
     deadline: float | None = None  # set when workers were started with the stop in their env
 
     @classmethod
     def reset(cls) -> None:
-        cls.signum, cls.inside_run, cls.restarting, cls.deadline = None, False, False, None
+        cls.signum, cls.inside_run, cls.restarting, cls.deadline, cls.peer = None, False, False, None, False
 
     @classmethod
     def exception(cls) -> BaseException:
@@ -419,7 +441,8 @@ class _JobStop:
 def stop_exit_code(code: int) -> int:
     """The launcher's exit code: 128+N when signal N stopped the job and it did not end well (NVRx
     exits 1), so a launcher signalled directly (not through `resctl run`) still exits 143."""
-    return 128 + _JobStop.signum if code != 0 and _JobStop.signum is not None else code
+    stopped = _JobStop.signum is not None and (code != 0 or _JobStop.peer)
+    return 128 + (_JobStop.signum or 0) if stopped else code
 
 
 def _elastic_api() -> Any:
@@ -439,7 +462,8 @@ def _stops_never_lost(patches: Patches) -> None:
     api = _elastic_api()
     agent_cls = launcher.LocalElasticAgent
     handler = getattr(api, "_terminate_process_handler", None)
-    if handler is None or not all(hasattr(agent_cls, m) for m in ("_invoke_run", "_restart_workers", "_start_workers")):
+    if handler is None or not all(hasattr(agent_cls, m) for m in ("_invoke_run", "_restart_workers", "_start_workers",
+                                                                       "_monitor_workers")):
         return  # another launcher shape: nothing known to swallow a stop there
 
     def remembering_handler(signum: int, frame: Any) -> None:
@@ -449,8 +473,8 @@ def _stops_never_lost(patches: Patches) -> None:
             handler(signum, frame)  # raises SignalException
 
     patches.set(api, "_terminate_process_handler", remembering_handler)  # looked up when workers start
-    invoke_run, restart_workers, start_workers = (
-        agent_cls._invoke_run, agent_cls._restart_workers, agent_cls._start_workers)
+    invoke_run, restart_workers, start_workers, monitor_workers = (
+        agent_cls._invoke_run, agent_cls._restart_workers, agent_cls._start_workers, agent_cls._monitor_workers)
 
     def guarded_invoke_run(self: Any, *args: Any, **kwargs: Any) -> Any:
         _JobStop.inside_run = True
@@ -468,6 +492,14 @@ def _stops_never_lost(patches: Patches) -> None:
         finally:
             _JobStop.restarting = False
 
+    def monitor_for_peer_stops(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = monitor_workers(self, *args, **kwargs)
+        if (_JobStop.signum is None and getattr(result.state, "name", "") in ("FAILED", "UNHEALTHY")
+                and _left_on_a_peers_stop() and spares.decide_after_peer_stop(self)):
+            _JobStop.signum, _JobStop.deadline, _JobStop.peer = signal.SIGTERM, time.monotonic(), True
+            raise _JobStop.exception()  # before NVRx's restart: this launcher stops as for its own SIGTERM
+        return result
+
     def start_with_stop(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _JobStop.signum is not None and _JobStop.inside_run:
             # The new workers begin the job stop (and its final save) themselves, once their shim
@@ -479,7 +511,13 @@ def _stops_never_lost(patches: Patches) -> None:
     patches.set(agent_cls, "_invoke_run", guarded_invoke_run)
     patches.set(agent_cls, "_restart_workers", restart_unless_stopped)
     patches.set(agent_cls, "_start_workers", start_with_stop)
+    patches.set(agent_cls, "_monitor_workers", monitor_for_peer_stops)
     patches.on_undo(_JobStop.reset)
+
+
+def _left_on_a_peers_stop() -> bool:
+    """This launcher's workers all left on another node's job stop (none on a SIGTERM of its own)."""
+    return stop.ENV in os.environ and stop.left(_stop_file()) == {stop.PEER}
 
 
 def _group_alive(pgid: int) -> bool:
@@ -632,6 +670,7 @@ def apply_adapters() -> list[str]:
     _titled_rank_monitors(PATCHES)
     _quick_leftover_cleanup(PATCHES)
     _stops_never_lost(PATCHES)
+    spares.spare_lines(PATCHES)
     return PATCHES.applied
 
 

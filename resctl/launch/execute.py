@@ -274,6 +274,9 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         names = ", ".join(sorted({signal.Signals(s).name for s in received}))
         on_event(f"resctl: stopped by {names} (forwarded to ft_launcher, which exited {launcher_code}); "
                  f"exit {code}; run dir {launch_plan.run_dir}")
+    elif code == 128 + signal.SIGTERM:  # the launcher stopped the job without a signal here: another node's stop
+        on_event(f"resctl: stopped with the job (a SIGTERM that reached another node or the launcher itself); "
+                 f"exit {code}; run dir {launch_plan.run_dir}")
     elif code != 0:
         from resctl.telemetry.summary import failure_summary
 

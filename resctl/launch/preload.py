@@ -54,6 +54,15 @@ class LatePreload:
             cls.thread.start()
 
     @classmethod
+    def start_now(cls) -> None:
+        """Import LATE_PRELOAD in the thread now (a spare node waiting: its first workers come later)."""
+        import threading
+
+        if cls.thread is None and cls.enabled():
+            cls.thread = threading.Thread(target=_import, args=(LATE_PRELOAD,), name="resctl-preload", daemon=True)
+            cls.thread.start()
+
+    @classmethod
     def before_fork(cls) -> None:
         if cls.thread is not None:
             cls.thread.join()

@@ -61,6 +61,7 @@ def clear(path: Path) -> None:
 def remove(path: Path) -> None:
     """The launcher is done: its marker and the private directory around it go."""
     clear(path)
+    clear_left(path)
     clear(path.with_name(path.name + ".tmp"))
     try:
         path.parent.rmdir()
@@ -102,6 +103,49 @@ def is_restart_stop(env: Mapping[str, str], pid: int) -> bool:
         return str(pid) in data.decode("ascii").split()
     except UnicodeDecodeError:
         return False
+
+
+#: How a worker left on a job stop, in `mark_left`'s file: its own SIGTERM, or woken by another rank's stop.
+OWN, PEER = "own", "peer"
+
+
+def mark_left(env: Mapping[str, str], pid: int, how: str) -> None:
+    """A worker beginning a job stop records how (OWN or PEER) beside its launcher's restart-stop marker,
+    for the launcher to read after the workers have left (`left`); best effort, like the marker."""
+    path = env.get(ENV)
+    if not path:
+        return
+    target = Path(path).with_name(f"left-{pid}")
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(how)
+    except OSError:
+        pass
+
+
+def left(path: Path) -> set[str]:
+    """How this launcher's workers left on a job stop since `clear_left` (files this user made, in the
+    private directory of `file_for`)."""
+    found: set[str] = set()
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith("left-")]
+    except OSError:
+        return found
+    for name in names:
+        data = _trusted(path.parent / name)
+        if data in (OWN.encode(), PEER.encode()):
+            found.add(data.decode())
+    return found
+
+
+def clear_left(path: Path) -> None:
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith("left-")]
+    except OSError:
+        return
+    for name in names:
+        clear(path.parent / name)
 
 
 def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int) -> None:

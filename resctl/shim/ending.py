@@ -79,10 +79,20 @@ def _shown_traceback(err: BaseException) -> TracebackType | None:
     return tb
 
 
+def _is_refusal(err: BaseException) -> bool:
+    """resctl's own refusal of bad input (a checkpoint that does not fit the state, a directory
+    another job owns: `exit_code` 2). Its message says what and how to fix; a traceback would
+    only bury it."""
+    from resctl.errors import EXIT_USAGE, ResctlError
+
+    return isinstance(err, ResctlError) and getattr(err, "exit_code", None) == EXIT_USAGE
+
+
 def report_uncaught(err: BaseException) -> None:
     """What the interpreter does with an uncaught exception: `sys.excepthook` (the script's own, if it
-    set one), which prints the traceback to stderr."""
-    tb = _shown_traceback(err)
+    set one, or torch's `[rankN]:` prefixer), which prints the traceback to stderr. A refusal of
+    resctl's own goes to the same hook without its frames: the hook prints `Type: message`, no stack."""
+    tb = None if _is_refusal(err) else _shown_traceback(err)
     err.__traceback__ = tb  # the default hook prints the exception's own traceback, not its argument
     try:
         sys.excepthook(type(err), err, tb)

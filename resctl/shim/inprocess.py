@@ -133,8 +133,13 @@ def _socket_inodes() -> dict[int, str]:
 class GlooSockets:
     """The TCP connections created by process-group constructors, so an abort can cut them."""
 
-    def __init__(self) -> None:
+    def __init__(self, served_ports: frozenset[int] = frozenset()) -> None:
         self._owned: dict[int, str] = {}
+        #: Ports of the stores this process serves (rank 0 hosts the wrapper's store): a peer's
+        #: connection accepted there while a constructor runs is a store client (a rank's NVRx
+        #: monitor process connecting late, on a loaded box), never gloo's. Cutting it broke that
+        #: monitor ("Broken pipe"), so the next fault went unseen until the heartbeat timeout.
+        self.served_ports = served_ports
 
     def track(self, create: Any) -> Any:
         """Wrap a process-group constructor: sockets that appear while it runs are recorded."""
@@ -151,6 +156,17 @@ class GlooSockets:
         tracked.__wrapped__ = create  # type: ignore[attr-defined]
         return tracked
 
+    def _is_gloo(self, sock: socket.socket) -> bool:
+        """TCP only (the launcher's rank-monitor IPC, a unix socket, may connect meanwhile), connected
+        (not a listener), and neither end on a store's port (accepted by a store this process serves,
+        or a client of one)."""
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return False
+        ends = {int(sock.getsockname()[1]), int(sock.getpeername()[1])}
+        return not ends & self.served_ports
+
     def cut(self) -> int:
         """shutdown(SHUT_RDWR) every recorded connection still open; return how many."""
         cut = 0
@@ -163,8 +179,7 @@ class GlooSockets:
             except OSError:
                 continue
             try:
-                # TCP only: the launcher's rank-monitor IPC (a unix socket) may connect meanwhile.
-                if sock.family in (socket.AF_INET, socket.AF_INET6) and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                if self._is_gloo(sock):
                     sock.shutdown(socket.SHUT_RDWR)
                     cut += 1
             except OSError:
@@ -302,9 +317,10 @@ def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseExcep
 
     rank = int(os.environ["RANK"])
     app = app_store()
-    sockets = GlooSockets()
     announce_world(shim)
-    wrapper = build_wrapper(shim, wrapper_store_endpoint(app, rank, shim.cycle), sockets)
+    endpoint = wrapper_store_endpoint(app, rank, shim.cycle)
+    sockets = GlooSockets(served_ports=frozenset({endpoint[1], int(os.environ.get("MASTER_PORT", "0"))}))
+    wrapper = build_wrapper(shim, endpoint, sockets)
     fresh = FreshState.capture() if shim.profile.inprocess.fresh_state else None
     patches = Patches("inprocess")
     patched_init = sockets.track(dist.init_process_group)

@@ -259,6 +259,7 @@ class Shim:
         """A stop of the job (preemption, pod deletion, scancel): final checkpoint, then exit 143."""
         self.sigterm_at = time.monotonic()
         self.events.emit("fault", cause="sigterm", injected=False, step=self.step, error="SIGTERM received")
+        _mark_left(peer=False)
         if self.stops_at_boundary:
             # Save at a step boundary (maybe_save) so the state is never torn: the stop step all
             # ranks agree on (resctl/shim/stopstep.py). A script that never called maybe_save has
@@ -289,7 +290,10 @@ class Shim:
         return ckpt is not None and self.profile.checkpoint.save_on_sigterm and ckpt.tracks_state
 
     def on_peer_stop(self) -> None:
-        """Another rank proposed a stop step (the stop-step thread): stop with it."""
+        """Another rank proposed a stop step (the stop-step thread): stop with it (and tell the launcher,
+        which received no stop: resctl/launch/spares.py decides whether the job goes on without that node)."""
+        if self.sigterm_at is None:
+            _mark_left(peer=True)
         if self.stops_at_boundary:
             self.stop_at_boundary(time.monotonic())
         else:
@@ -497,6 +501,13 @@ DRILL_ACTIONS: dict[FaultKind, Callable[[Shim, int], None]] = {
 assert set(DRILL_ACTIONS) == set(KINDS), "every drill in resctl.drills needs an action here"
 
 
+def _mark_left(peer: bool) -> None:
+    """Tell this worker's launcher that it left on a job stop: another rank's (peer) or its own SIGTERM."""
+    from resctl.launch import stop
+
+    stop.mark_left(os.environ, os.getpid(), stop.PEER if peer else stop.OWN)
+
+
 def main(argv: list[str]) -> int:
     """Run the script in this worker; returns its exit status (a forked worker that did not end
     cleanly leaves the process here instead, `resctl.shim.ending`)."""
@@ -517,9 +528,8 @@ def main(argv: list[str]) -> int:
                      spawned=process_started())
     if shim.cycle > 0:  # ft_launcher restarted the worker group (in-job restart)
         shim.events.emit("restart", layer="launcher")
-    if profile.faults.schedule and shim.rank == 0:
-        print("resctl: FAULT DRILL ON: " + ", ".join(f"{f.kind}@{f.step}:{f.rank}" for f in profile.faults.schedule),
-              file=sys.stderr, flush=True)
+    # A fault drill is said once, by the launcher at launch (launch/execute.py `_notes`), not again
+    # by rank 0 after every restart.
     ended = ending.run(lambda: _run(shim, target))
     recorded = ending.run(lambda: _record(shim, ended))  # a failed final wait is an ending too
     ended = ended if not ended.clean or recorded.clean else recorded

@@ -15,8 +15,16 @@ What it does (docs/recovery.md, "Signals"):
   `checkpoint.sigterm_grace` and exits 143.
 A worker the launcher started with `stop.JOB_STOP_ENV` set (the stop reached the launcher while it
 was restarting workers) acts as for a job stop as soon as it is installed (`stop_if_asked`).
-A script that installs its own SIGTERM handler owns SIGTERM from then on, as under torchrun. A process
-the worker forks (a fork Pool, DataLoader workers) gets SIGTERM and the wakeup fd back as they were.
+A script that installs its own SIGTERM handler owns SIGTERM from then on, as under torchrun.
+
+A process the worker forks (a fork Pool, DataLoader workers) gets SIGTERM and the wakeup fd back as
+they were before the shim, as a child of `python script.py` would have them, from its first
+instruction: the forking thread blocks SIGTERM across the fork (`os.register_at_fork`), the child
+puts the disposition and the wakeup fd back and only then unblocks it. A SIGTERM that reaches the
+child sooner (`Pool.terminate()` of a pool whose worker the scheduler has not run yet) waits until
+then and ends the child as it would end a fresh interpreter's; it never reaches the shim's handler
+or this worker's pipe (a job stop of the worker, exit 143). The parent's mask is put back at once;
+a SIGTERM sent to the worker meanwhile is taken by another of its threads.
 """
 
 from __future__ import annotations
@@ -64,14 +72,14 @@ class SigtermWatcher:
         previous_handler, previous_fd, read_fd, write_fd = self._child_undo
         if signal.getsignal(signal.SIGTERM) == self._python_handler:
             signal.signal(signal.SIGTERM, previous_handler)
-        if signal.set_wakeup_fd(previous_fd) != write_fd:
-            signal.set_wakeup_fd(write_fd)  # not ours any more: the script's own; leave it
-        else:
-            for fd in (read_fd, write_fd):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        current_fd = signal.set_wakeup_fd(previous_fd)
+        if current_fd != write_fd:
+            signal.set_wakeup_fd(current_fd)  # not ours any more: the script's own; leave it
+        for fd in (read_fd, write_fd):  # the watcher's pipe: no thread reads it here
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def stop_if_asked(self) -> None:
         """Begin the job stop the launcher handed to this worker, if it did."""
@@ -102,14 +110,29 @@ class SigtermWatcher:
 
 _watchers: list[SigtermWatcher] = []  # installed in this process (the fork hook cannot be removed)
 _fork_hook_registered = False
+_forking = threading.local()  # the forking thread's signal mask from before the fork (`_before_fork`)
+
+
+def _before_fork() -> None:
+    """In the forking thread: SIGTERM blocked until the child has its own disposition back."""
+    if _watchers:
+        _forking.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+
+
+def _unblock() -> None:
+    mask = getattr(_forking, "mask", None)
+    if mask is not None:
+        del _forking.mask
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _after_fork_in_child() -> None:
+    while _watchers:
+        _watchers.pop()._in_child()
+    _unblock()  # a SIGTERM that came meanwhile acts now, with the disposition a fresh child has
 
 
 def _register_fork_hook() -> None:
     global _fork_hook_registered
     _fork_hook_registered = True
-
-    def after_in_child() -> None:
-        while _watchers:
-            _watchers.pop()._in_child()
-
-    os.register_at_fork(after_in_child=after_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_unblock, after_in_child=_after_fork_in_child)

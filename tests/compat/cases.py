@@ -96,6 +96,7 @@ _CASES = [
     Case("sig_dispositions", 0),
     # child processes
     Case("mp_fork_pool", 0),
+    Case("mp_fork_pool_many", 0),
     Case("mp_spawn_pool", 0),
     Case("mp_forkserver_pool", 0),
     Case("mp_state", 0),
@@ -114,7 +115,7 @@ _CASES = [
     Case("pg_file", 0, args=TMP, idle=TORCH_IDLE),
     # failures and restarts
     Case("record_error", 1, args=TMP, summary="RECORDED rank=1 failure", facts=0, idle=TORCH_IDLE),
-    Case("restart_once", 0, max_restarts=1, idle=45),
-    Case("restart_exhausted", 1, max_restarts=1, idle=45),
+    Case("restart_once", 0, args=TMP, max_restarts=1, idle=45),
+    Case("restart_exhausted", 1, args=TMP, max_restarts=1, idle=45),
 ]
 CASES: dict[str, Case] = {c.name: c for c in _CASES}

@@ -18,31 +18,18 @@ _THREAD = "intended (README): the shim's `resctl-sigterm` thread is running when
 _FAULT = ("intended (README): faulthandler's dump also shows the shim's thread, and its list of extension modules "
           "the shim's imports")
 _SIGTERM = "intended (README): the shim's SIGTERM handler and wakeup fd are installed when the script starts"
-_QUICK_STOP = ("intended (README): when a rank fails, resctl stops its peers at once (torchrun at its next 0.1 s "
-               "poll), so a peer's line printed within that moment (its own exit message, a first line) can be lost; "
-               "the failure summary shows the failed rank's")
-_POOL_SIGTERM = ("fork Pool children inherit the shim's SIGTERM handler and wakeup fd (resctl/shim/signals.py): "
-                 "Pool.terminate() SIGTERMs them, the write lands in the parent's pipe and the parent worker "
-                 "stops itself as for a job stop (exit 143)")
 _ENV = ("intended (README): TORCHELASTIC_RUN_ID is the job's run id (the run dir's name) where torchrun's static "
         "default rendezvous gives 'none'")
 # A reason that starts with "sometimes" is a difference seen in some runs only (a race): its test is
 # xfail(strict=False), so a pass does not fail the run; remove the entry once the cause is fixed.
 EXPECTED: dict[str, dict[str, str]] = {
-    "end_sys_exit_message": {"fork": "sometimes: " + _QUICK_STOP},
-    "restart_once": {"fork": "sometimes: " + _QUICK_STOP},
     "faulthandler_segv": {"fork": _FAULT, "exec": _FAULT},
     "env_torchelastic": {"fork": _ENV, "exec": _ENV},
     "interpreter_state": {"fork": _PRELOAD, "exec": _PRELOAD},
     "proc_identity": {"fork": _TITLE + "; a forked worker does not lead its own session (torchrun's workers do: "
                                "start_new_session), which also puts it in the caller's scheduler autogroup",
                       "exec": _TITLE},
-    "thread_nondaemon": {"fork": "sometimes: a non-daemon thread can be cut off at exit (rank 1's last line lost "
-                                 "in one run of two)"},
     "threads_at_start": {"fork": _THREAD, "exec": _THREAD},
     "sig_dispositions": {"fork": _SIGTERM, "exec": _SIGTERM},
-    "mp_fork_pool": {"fork": "sometimes (one run of two): " + _POOL_SIGTERM, },
     "rng_unseeded": {"fork": "intended (README): str hashes are the same on every rank (a fork keeps the launcher's hash secret)"},
-    "rng_restart": {"fork": "sometimes: after the in-job restart rank 0 printed no NumPy draw (the restarted "
-                            "forked worker reseeds numpy.random only when the script has imported it)"},
 }

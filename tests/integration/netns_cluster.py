@@ -89,6 +89,17 @@ class Cluster:
                 out.append(pid)
         return out
 
+    def lose(self, i: int) -> None:
+        """Node i gone whole, as when the machine goes: every process in it stopped first (none reacts to a
+        parent's death, e.g. a lifeline's SIGTERM, before its own SIGKILL lands), then killed."""
+        pids = [int(pid) for pid in _ip("netns", "pids", self.names[i]).stdout.split()]
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
     def kill(self, i: int) -> None:
         for pid in _ip("netns", "pids", self.names[i]).stdout.split():
             try:

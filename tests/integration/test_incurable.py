@@ -18,5 +18,6 @@ def test_a_checkpoint_that_does_not_fit_the_model_stops_the_job_with_exit_2(tmp_
     code, out = finish(start([*args, "--width", "16"], cwd=tmp_path), timeout=120)
     assert code == 2, out[-3000:]
     assert "stopped the job" in out and "CheckpointMismatch" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]  # a refusal is its message, not a stack (the brief: no traceback)
     cycles = {e["cycle"] for e in events(tmp_path / "second") if e["kind"] == "start"}
     assert cycles == {0}, f"restarted although no restart can cure it: cycles {cycles}"

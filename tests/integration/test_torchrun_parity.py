@@ -47,7 +47,11 @@ def command(launcher: str, script: str, args: list[str], nproc: int, run_dir: Pa
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RESCTL_", "TORCHELASTIC_"))}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # Buffered stdout (each FACT line is printed with flush=True): one write per line, so the two ranks'
+    # lines never interleave mid-line in the shared pipe. Unbuffered, print() writes the text and the
+    # newline apart and a peer's line could land between them (a garbled FACT, under any launcher).
+    env.pop("PYTHONUNBUFFERED", None)
+    return {**env, "OMP_NUM_THREADS": "1"}
 
 
 def launch(launcher: str, tmp_path: Path, script: str, *args: str, nproc: int = 1, stdin: str = "") -> Run:
@@ -67,8 +71,10 @@ def test_a_worker_sees_a_new_interpreter(tmp_path: Path) -> None:
         assert len(rngs) == 2 and all(a != b for a, b in zip(*rngs)), f"{name}: ranks share a random stream: {rngs}"
     expected = runs["torchrun"].facts
     assert len(expected) == 2 * 11, expected  # the warning shows its source line too
-    assert runs["fork"].facts == expected
-    assert runs["exec"].facts == expected
+    for name in ("fork", "exec"):
+        got = runs[name].facts
+        assert got == expected, (f"{name} differs from torchrun:\n  only {name}: {sorted(set(got) - set(expected))}\n"
+                                 f"  only torchrun: {sorted(set(expected) - set(got))}")
     # atexit after the non-daemon thread, as the interpreter orders them
     for run in runs.values():
         for rank in (0, 1):

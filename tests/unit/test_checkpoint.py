@@ -125,6 +125,22 @@ def test_keep_last_prunes_older(tmp_path: Path) -> None:
     assert len(_hidden(tmp_path / "ck", ".")) <= 1  # at most one pruned checkpoint kept for recycling
 
 
+def test_keep_last_holds_when_every_restart_saves_once(tmp_path: Path) -> None:
+    # A job killed after each restart's first save (seen in CI: 5 checkpoints kept with keep_last=2):
+    # a process verifies only the one it loaded, so the older ones must go once it has keep_last.
+    step = 0
+    for _ in range(5):
+        ck = _ckpt(tmp_path, keep_last=2)
+        state: dict[str, Any] = {"x": None}
+        assert ck.load(state) == step
+        step += 1
+        ck.save({"x": torch.full((4,), float(step))}, step)
+        ck.wait()
+        ck.close()
+    visible = sorted(p.name for p in (tmp_path / "ck").iterdir() if not p.name.startswith("."))
+    assert visible == ["step-000000004", "step-000000005"]
+
+
 def _flip_byte(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0xFF

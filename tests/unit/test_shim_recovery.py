@@ -71,3 +71,27 @@ def test_cutting_tracked_connections_wakes_a_blocked_reader() -> None:
     assert not reader.is_alive() and result["data"] == b""
     for s in (peer, holder["client"], server):
         s.close()
+
+
+def test_a_store_client_accepted_meanwhile_is_never_cut() -> None:
+    # Rank 0 serves the wrapper's store: a peer's NVRx monitor that connects while the script's
+    # init_process_group runs (a loaded box) must keep its connection through an abort (CI: cut, the
+    # monitor died with "Broken pipe" and the next fault waited for the heartbeat timeout).
+    store = socket.create_server(("127.0.0.1", 0))
+    gloo = socket.create_server(("127.0.0.1", 0))
+    tracker = GlooSockets(served_ports=frozenset({store.getsockname()[1]}))
+    held: list[socket.socket] = []
+
+    def init_process_group() -> None:
+        monitor = socket.create_connection(("127.0.0.1", store.getsockname()[1]))
+        held.extend([monitor, store.accept()[0]])  # the store's side of the monitor's connection
+        peer = socket.create_connection(("127.0.0.1", gloo.getsockname()[1]))
+        held.extend([peer, gloo.accept()[0]])  # a gloo pair: both ends in this process here
+
+    tracker.track(init_process_group)()
+    assert tracker.cut() == 2  # the gloo pair's two ends; neither end of the store connection
+    monitor, served = held[0], held[1]
+    monitor.sendall(b"ping")
+    assert served.recv(4) == b"ping"
+    for s in (*held, store, gloo):
+        s.close()

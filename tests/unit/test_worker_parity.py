@@ -153,3 +153,80 @@ def test_a_child_forked_by_the_worker_does_not_stop_the_worker_on_sigterm() -> N
         assert os.waitstatus_to_exitcode(status) == -signal.SIGTERM and fired == []
     finally:
         patches.undo()
+
+
+# A fresh interpreter: its first at-fork hook (before the watcher's) holds the child in the moment between
+# fork() and the watcher's hook, where a SIGTERM used to run the shim's handler in the child and land in
+# the worker's pipe (Pool.terminate() of a pool whose worker had not run yet stopped the worker: exit 143).
+_SIGTERM_AT_FORK = r"""
+import os, signal, sys, time
+from resctl.patching import Patches
+from resctl.shim.signals import SigtermWatcher
+
+os.register_at_fork(after_in_child=lambda: time.sleep(0.5))
+fired = []
+patches = Patches("test")
+SigtermWatcher(lambda: fired.append("restart"), lambda: fired.append("job")).install(patches)
+pid = os.fork()
+if pid == 0:
+    time.sleep(3)
+    os._exit(0)
+os.kill(pid, signal.SIGTERM)  # at once: the child is still in its at-fork hooks
+_, status = os.waitpid(pid, 0)
+time.sleep(0.3)  # a write into the worker's pipe would have reached its watcher by now
+blocked = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+print(os.waitstatus_to_exitcode(status), fired, blocked)
+"""
+
+
+def test_a_sigterm_right_after_fork_ends_the_child_and_never_reaches_the_worker() -> None:
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _SIGTERM_AT_FORK], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    # The child died of SIGTERM as a fresh interpreter's child does; the worker saw nothing; its mask is back.
+    assert out.stdout.split("\n")[0] == f"{-signal.SIGTERM} [] False", out.stdout + out.stderr
+
+
+# Forks of one interpreter, as forked workers are of the launcher: the first two before numpy.random is
+# imported (a first cycle's workers), the last two after (restarted workers: the launcher imported it).
+_FORKED_DRAWS = r"""
+import os, random, sys
+import torch
+from resctl.shim import forked
+
+assert "numpy.random" not in sys.modules  # torch imports numpy, not numpy.random
+
+def fork_and_draw():
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        forked.reset()
+        import numpy.random
+        os.write(w, repr((random.random(), float(numpy.random.rand()), torch.rand(1).item())).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with os.fdopen(r) as f:
+        return f.read()
+
+draws = [fork_and_draw(), fork_and_draw()]
+import numpy.random
+draws += [fork_and_draw(), fork_and_draw()]
+draws.append(repr((random.random(), float(numpy.random.rand()), torch.rand(1).item())))  # the "launcher's" own
+print("\n".join(draws))
+"""
+
+
+@pytest.mark.slow
+def test_every_forked_worker_draws_its_own_random_numbers_whether_numpy_random_was_loaded_or_not() -> None:
+    import ast
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _FORKED_DRAWS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    draws = [ast.literal_eval(line) for line in out.stdout.splitlines()]
+    assert len(draws) == 5
+    for stream in range(3):  # Python's random, NumPy's global generator, torch's CPU generator
+        values = [d[stream] for d in draws]
+        assert len(set(values)) == len(values), (stream, values)

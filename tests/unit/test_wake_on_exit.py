@@ -1,0 +1,99 @@
+"""The launcher's monitor sleep (`adapters._WakeOnWorkerExit`) with real child processes: it wakes
+when a worker exits; after `PEER_GRACE` when the worker exited with a failing code (its peers' last
+lines get torchrun's 0.1 s), at once when a signal killed it (the fast-recovery path)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from types import SimpleNamespace
+from typing import Iterator
+
+import pytest
+
+from resctl.launch import adapters
+
+
+class _Context:
+    def __init__(self, pids: list[int]) -> None:
+        self._pids = pids
+
+    def pids(self) -> dict[int, int]:
+        return dict(enumerate(self._pids))
+
+
+def _child(action: str) -> int:
+    pid = os.fork()
+    if pid == 0:  # the worker: wait for the parent's sleep to start, then end as told
+        time.sleep(0.3)
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(3 if action == "fail" else 0)
+    return pid
+
+
+@pytest.fixture
+def workers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    pids: list[int] = []
+    monkeypatch.setattr(adapters._Agent, "current", SimpleNamespace(_pcontext=_Context(pids)))
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _exit_to_wake(workers: list[int], action: str) -> tuple[float, int]:
+    """Seconds from the child's end to the sleep's return, and the child's status (still unreaped)."""
+    pid = _child(action)
+    workers.append(pid)
+    woke_after_start = time.monotonic()
+    adapters._WakeOnWorkerExit(time).sleep(20.0)
+    woke = time.monotonic()
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    assert info is not None, "the sleep returned before the worker ended"
+    assert woke - woke_after_start < 15.0, "the sleep did not wake on the worker's end"
+    return woke, info.si_status
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd on this platform")
+def test_a_failing_exit_gives_the_peers_torchruns_poll_interval(workers: list[int]) -> None:
+    t0 = time.monotonic()
+    woke, status = _exit_to_wake(workers, "fail")
+    assert status == 3
+    # The child ended >= 0.3 s after t0; the sleep returned at least PEER_GRACE after that.
+    assert woke - t0 >= 0.3 + adapters.PEER_GRACE
+
+
+class _RecordingTime:
+    """The real time module, with the sleeps the monitor's sleep makes itself recorded."""
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        time.sleep(seconds)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd on this platform")
+@pytest.mark.parametrize("action,status,grace", [("fail", 3, True), ("kill", signal.SIGKILL, False), ("ok", 0, False)])
+def test_only_a_failing_exit_gets_the_grace(workers: list[int], action: str, status: int, grace: bool) -> None:
+    pid = _child(action)
+    workers.append(pid)
+    clock = _RecordingTime()
+    adapters._WakeOnWorkerExit(clock).sleep(20.0)
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    assert info is not None and info.si_status == status
+    assert adapters._exited_failing(pid) is grace
+    assert len(clock.sleeps) == int(grace) and all(0 < s <= adapters.PEER_GRACE for s in clock.sleeps), clock.sleeps
+    assert not adapters._exited_failing(os.getpid())  # not a child: never a grace
