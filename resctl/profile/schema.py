@@ -232,12 +232,13 @@ class Launch(Section):
         "(forked and exec'd alike). resctl's shim leaves at once on such a SIGTERM; this bounds a worker that cannot.",
     )
     rendezvous: Literal["auto", "nvrx", "resctl"] = Field(
-        "auto", description="Which rendezvous the launcher's agents meet in. resctl: resctl's (O(1) store requests "
-        "per node and round; a restart round waits for no lost node that it does not need; NVRx 0.4 with the "
-        "any-failed policy). nvrx: NVRx's own (on 0.4 one key holds the whole membership, every change a "
-        "compare-and-set of it, and a restart round after a lost node first waits 5 s x 3 for that node's "
-        "keep-alive to expire). auto: resctl's where it can stand in, else NVRx's (min-healthy, NVRx 0.6+). "
-        "docs/architecture.md, issue 25.",
+        "nvrx", description="Which rendezvous the launcher's agents meet in. nvrx: NVRx's own (on 0.4 one key holds "
+        "the whole membership, every change a compare-and-set of it, and a restart round after a lost node first "
+        "waits 5 s x 3 for that node's keep-alive to expire). resctl: resctl's (O(1) store requests per node and "
+        "round; a restart round waits for no lost node that it does not need; NVRx 0.4 with the any-failed "
+        "policy; not yet: the spare console lines, the peer-stop decision and the preflight's wait for a full "
+        "round, which read NVRx's state). auto: resctl's where it can stand in, else NVRx's (min-healthy, NVRx "
+        "0.6+). docs/architecture.md, issue 25.",
     )
     rdzv_keep_alive: Duration = Field(
         1.0, gt=0, description="launch.rendezvous = \"resctl\": how often each node's agent renews its heartbeat in "
