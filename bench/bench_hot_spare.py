@@ -5,7 +5,8 @@ redundancy list, its launcher alive and waiting); node 1 is lost (every process 
 rank 1 (resumed from the last checkpoint), without the scheduler. Compare bench_node_loss_range.py (the
 range's shrink: the job goes on smaller).
 
-Usage: sudo python bench/bench_hot_spare.py WORKDIR   (prints one dict)
+Usage: sudo python bench/bench_hot_spare.py WORKDIR [resctl run options...]   (prints one dict)
+e.g. `... WORKDIR --set launch.rendezvous=resctl` (issue 25: resctl's rendezvous instead of NVRx's)
 """
 import os
 import subprocess
@@ -36,7 +37,7 @@ with cluster(3) as c:
                "--rdzv-conf", f"is_host={int(i == 0)},join_timeout=120,last_call_timeout=2",
                "--set", "heartbeat.timeout=6s", "--set", "launch.max_restarts=5",
                "--run-dir", str(run_dir), "--set", f"checkpoint.dir={tmp / 'ckpt'}", "--set", "checkpoint.interval_steps=5",
-               str(EXAMPLES / "train_ckpt.py"), "--steps", "400", "--step-time", "0.1"]
+               *sys.argv[2:], str(EXAMPLES / "train_ckpt.py"), "--steps", "400", "--step-time", "0.1"]
         procs[i] = subprocess.Popen([*c.exec_prefix(i), sys.executable, "-m", "resctl", *job], cwd=tmp,
                                     env={**env0, "GLOO_SOCKET_IFNAME": c.dev(i)}, stdout=open(tmp / f"n{i}.log", "w"),
                                     stderr=subprocess.STDOUT, start_new_session=True)

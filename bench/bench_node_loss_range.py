@@ -3,7 +3,8 @@
 ranks, with no scheduler involved (ft_launcher's c10d rendezvous closes a new round with the 2 left).
 This is the node range's elastic shrink; a hot spare taking over: bench_hot_spare.py.
 
-Usage: sudo python bench/bench_node_loss_range.py WORKDIR   (prints one dict)
+Usage: sudo python bench/bench_node_loss_range.py WORKDIR [resctl run options...]   (prints one dict)
+e.g. `... WORKDIR --set launch.rendezvous=resctl` (issue 25: resctl's rendezvous instead of NVRx's)
 """
 import os
 import subprocess
@@ -27,7 +28,7 @@ with cluster(3) as c:
                "--set", f"launch.rdzv_id=sp{c.tag}", "--rdzv-conf", f"is_host={int(i == 0)},join_timeout=60,last_call_timeout=2",
                "--set", "heartbeat.timeout=6s", "--set", "launch.max_restarts=5",
                "--run-dir", str(run_dir), "--set", f"checkpoint.dir={tmp / 'ckpt'}", "--set", "checkpoint.interval_steps=5",
-               str(EXAMPLES / "train_ckpt.py"), "--steps", "60", "--step-time", "0.1"]
+               *sys.argv[2:], str(EXAMPLES / "train_ckpt.py"), "--steps", "60", "--step-time", "0.1"]
         procs.append(subprocess.Popen([*c.exec_prefix(i), sys.executable, "-m", "resctl", *job], cwd=tmp,
                      env={**env0, "GLOO_SOCKET_IFNAME": c.dev(i)}, stdout=open(tmp / f"n{i}.log", "w"),
                      stderr=subprocess.STDOUT, start_new_session=True))

@@ -1,6 +1,7 @@
 """Recovery coordination at N simulated nodes (issue 25): the real pieces, threads for nodes.
 
     nice -n 10 python -m bench.scale --n 8,64,256,1024 --rdzv-max 256 --out bench/scale/results.json
+    nice -n 10 python -m bench.scale --n 8,64,256,1024 --owned replace,known,silent --out bench/scale/results-owned.json
     python -m bench.scale --table bench/scale/results.json      # the tables again, from the file
 
 Phases (see docs/BENCHMARKS.md, "Recovery coordination at scale"):
@@ -8,6 +9,8 @@ Phases (see docs/BENCHMARKS.md, "Recovery coordination at scale"):
 - rendezvous: NVRx 0.4.1's `FtRendezvousHandler` + `C10dRendezvousBackend`, one per node
   (bench/scale/rdzv.py): the job's first round, one node lost, the restart round with a replacement
   (plus the agent's rank-assignment all-gather and master keys).
+- rendezvous, resctl's (`--owned`): `resctl.launch.owned_rdzv`, the same scenario (bench/scale/owned.py),
+  with a replacement node (`replace`), or none and the loss known (`known`) or silent (`silent`).
 - stop step: `resctl.shim.stopstep` after and before (bench/scale/legacy_stopstep.py) issue 25.
 - load agreement: candidates, common memory steps, buddy address, verdict (bench/scale/coord.py).
 
@@ -135,6 +138,28 @@ SERIES = (
     ("rendezvous state: one read-modify-write, CPU", "rdzv_state", "rmw_cpu_s", "s"),
     ("restart round, lower bound on N machines: 15 s expiry + 1 s poll + 2N x (RMW + RTT)", "rdzv_state",
      "rdzv_bound", "s"),
+    ("resctl rendezvous, first round (all nodes join)", "owned_replace", "start_round_s", "s", False),
+    ("resctl rendezvous, restart round, a replacement node (N:N), wall in the harness", "owned_replace",
+     "restart_round_s", "s", False),
+    ("resctl rendezvous, restart round, no replacement, loss known (1:N), wall", "owned_known", "restart_round_s",
+     "s", False),
+    ("resctl rendezvous, restart round, no replacement, loss silent (1:N, 1 s x 3 keep-alive), wall", "owned_silent",
+     "restart_round_s", "s", False),
+    ("resctl rendezvous, restart round (replace), critical path on N machines (estimate)", "owned_replace",
+     "critical_s", "s"),
+    ("resctl rendezvous, restart round (known), critical path on N machines (estimate)", "owned_known",
+     "critical_s", "s"),
+    ("resctl rendezvous, restart round (replace), store round trips per node", "owned_replace",
+     "restart_round.round_trips", ""),
+    ("resctl rendezvous, restart round (replace), bytes per node", "owned_replace", "restart_round.bytes", "B"),
+    ("resctl rendezvous, restart round (replace), compare-and-sets per node", "owned_replace",
+     "restart_round.compare_set", ""),
+    ("resctl rendezvous, restart round (replace), harness CPU", "owned_replace", "restart_round_cpu_s", "s"),
+    ("resctl rendezvous, restart round (replace), store CPU", "owned_replace", "store.cpu_s", "s"),
+    ("resctl rendezvous, restart round (replace), store connections", "owned_replace", "store.connections", ""),
+    ("resctl rendezvous, restart round (replace), store peak RSS", "owned_replace", "store.rss_peak_mb", "MB"),
+    ("resctl rendezvous, survivors that kept their rank (replace)", "owned_replace", "survivors_kept_rank", ""),
+    ("resctl rendezvous, monitor poll (num_nodes_waiting: one add)", "owned_replace", "poll_s_p50", "s", False),
     ("stop step, before: signal -> last rank agreed", "stop_before", "wall_s", "s", False),
     ("stop step, after: signal -> last rank agreed", "stop_after", "wall_s", "s", False),
     ("stop step, before: critical path on N machines (estimate)", "stop_before", "critical", "s"),
@@ -205,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-max", type=int, default=1024, help="largest N for the pre-issue-25 versions")
     parser.add_argument("--repeats", type=int, default=1, help="stops per size (the median wall time is kept)")
     parser.add_argument("--rdzv-only", action="store_true", help="only NVRx's rendezvous (up to --rdzv-max)")
+    parser.add_argument("--owned", help="instead: resctl's rendezvous at --n, these variants (replace,known,silent)")
     parser.add_argument("--out", type=Path, default=Path("bench/scale/results.json"))
     parser.add_argument("--table", type=Path, help="print the tables of a results file and exit")
     parser.add_argument("--gloo", help="instead: load's agreement on real gloo groups in threads at these N "
@@ -224,6 +250,17 @@ def main(argv: list[str] | None = None) -> int:
         print(table(results))
         return 0
     ns = [int(x) for x in args.n.split(",")]
+    if args.owned:
+        from bench.scale import owned
+
+        results = {"machine": "dev VM (2 cores, shared)", "python": platform.python_version(), "ns": ns,
+                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        for n in ns:
+            for variant in args.owned.split(","):
+                _run(results, f"owned_{variant}", n, lambda: owned.scenario(n, variant))
+                args.out.write_text(json.dumps(results, indent=1))
+        print(table(results))
+        return 0
     results = measure(ns, args.rdzv_max, args.before_max, args.out, coordination=not args.rdzv_only,
                       repeats=args.repeats)
     print(table(results))

@@ -38,6 +38,12 @@ torch, and the launcher's slow paths, are bridged without forking NVRx. Every ch
   as its shim is in place), the launcher stops them after `--term-timeout` if they have not left,
   and no further restart is made. A stop swallowed anywhere else is raised again at the next poll.
 
+- **resctl's rendezvous** (`launch.rendezvous = "resctl"`, issue 25). The `c10d` handler ft_launcher
+  registers is `resctl.launch.owned_rdzv`'s, on the store NVRx's `create_backend` makes: O(1) store
+  requests per node and round, no wait for a lost node's keep-alive to expire before a restart
+  round, the keep-alive interval from the profile. torch elastic's rank assignment takes each node's
+  local world size from the round's outcome instead of an all-gather of N keys (`_owned_rendezvous`).
+
 Forked workers inherit the launcher's memory: the patches are undone in every child at fork
 (`install_fork_hook`).
 """
@@ -567,6 +573,88 @@ def _no_abbreviations(patches: Patches) -> None:
     patches.set(launcher, "get_args_parser", parser_without_abbreviations)
 
 
+def _owned_rendezvous(patches: Patches) -> None:
+    """ft_launcher's `c10d` rendezvous handler is resctl's (`resctl.launch.owned_rdzv`) when the plan
+    asks for it (`rdzv_rounds.IMPL_ENV`), on NVRx 0.4's launcher shape only."""
+    from resctl.launch import rdzv_rounds
+
+    if os.environ.get(rdzv_rounds.IMPL_ENV) != "resctl":
+        return
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    register = getattr(launcher, "_register_ft_rdzv_handler", None)
+    try:
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
+    except ImportError:
+        return
+    if register is None or not hasattr(api.SimpleElasticAgent, "_share_and_gather"):
+        return
+    keep_alive = float(os.environ.get(rdzv_rounds.KEEP_ALIVE_ENV) or 1.0)
+    misses = int(os.environ.get(rdzv_rounds.MISSES_ENV) or 3)
+
+    def register_owned() -> None:
+        register()  # NVRx's: swaps torch's c10d handler for its own; ours replaces that one
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous import rendezvous_handler_registry
+
+        rendezvous_handler_registry._registry.pop("c10d", None)
+        rendezvous_handler_registry.register("c10d", lambda params: _owned_handler(params, keep_alive, misses))
+
+    share_and_gather, rendezvous = api.SimpleElasticAgent._share_and_gather, api.SimpleElasticAgent._rendezvous
+
+    def rendezvous_with_spec(self: Any, worker_group: Any) -> Any:
+        handler, spec = worker_group.spec.rdzv_handler, worker_group.spec
+        if hasattr(handler, "local_world_size"):  # what this node's line in the round says
+            handler.local_world_size, handler.role = spec.local_world_size, spec.role
+        return rendezvous(self, worker_group)
+
+    def gather_from_outcome(self: Any, store: Any, group_rank: int, group_world_size: int, spec: Any) -> Any:
+        outcome = getattr(spec.rdzv_handler, "_outcome", None)
+        if outcome is None or outcome.role != spec.role or outcome.size != group_world_size:
+            return share_and_gather(self, store, group_rank, group_world_size, spec)
+        return [api._RoleInstanceInfo(spec.role, r, outcome.local_world_sizes[r]) for r in range(outcome.size)]
+
+    patches.set(launcher, "_register_ft_rdzv_handler", register_owned)
+    patches.set(api.SimpleElasticAgent, "_rendezvous", rendezvous_with_spec)
+    patches.set(api.SimpleElasticAgent, "_share_and_gather", gather_from_outcome)
+
+
+def _owned_handler(params: Any, keep_alive: float, misses: int) -> Any:
+    """What NVRx's `_create_ft_rdzv_handler` does (its store, its IPC socket from the ranks, its GPU
+    health check), with resctl's handler."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.c10d_rendezvous_backend import (
+        create_backend,
+    )
+    from nvidia_resiliency_ext.fault_tolerance.ipc_connector import IpcConnector
+    from nvidia_resiliency_ext.shared_utils.health_check import GPUHealthCheck
+
+    from resctl.launch import owned_rdzv
+
+    _, store = create_backend(params)
+    connector = IpcConnector(launcher.FT_LAUNCHER_IPC_SOCKET)
+    connector.start_receiving()
+    handler = owned_rdzv.OwnedRendezvousHandler(
+        store, owned_rdzv.settings_from(params, keep_alive, misses), connector=connector,
+        health_check=lambda: GPUHealthCheck()())
+    handler.on_register = _write_slot
+    return handler
+
+
+def _write_slot(slot: int) -> None:
+    """This node's member slot, in the run directory, for `resctl run` (it marks the slot dead when
+    the launcher dies: the next restart round then waits for no keep-alive to expire)."""
+    from pathlib import Path
+
+    from resctl.launch import rdzv_rounds
+
+    run_dir = os.environ.get("RESCTL_RUN_DIR")
+    if run_dir:
+        try:
+            (Path(run_dir) / rdzv_rounds.SLOT_FILE.format(pid=os.getpid())).write_text(str(slot))
+        except OSError:
+            pass
+
+
 def apply_adapters() -> list[str]:
     """Patch what the installed versions need (once); returns what was patched."""
     if PATCHES:
@@ -574,6 +662,7 @@ def apply_adapters() -> list[str]:
     _bridge_versions(PATCHES)
     _done_when_exited(PATCHES)
     _agent_store(PATCHES)
+    _owned_rendezvous(PATCHES)
     _no_abbreviations(PATCHES)
     if stop.ENV in os.environ:  # the quick stops need the marker file main() set up
         _quick_restart_stops(PATCHES)

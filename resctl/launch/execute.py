@@ -254,6 +254,7 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
             child.send_signal(signum)
         watch = _watch(launch_plan, child.pid, on_event)
         launcher_code = wait_stopping(child, received, launch_plan.term_timeout, on_event)
+        _after_launcher(launch_plan, child.pid, launcher_code)
         if watch is not None:
             watch.close()
     finally:
@@ -285,6 +286,16 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         on_event(f"resctl: finished in {time.monotonic() - started:.1f} s (exit 0); `resctl report "
                  f"{launch_plan.run_dir}` for details")
     return code
+
+
+def _after_launcher(launch_plan: LaunchPlan, pid: int, code: int) -> None:
+    """resctl's rendezvous: a launcher killed by a signal cannot say it left; say it for it."""
+    from resctl.launch.rdzv_rounds import IMPL_ENV
+
+    if launch_plan.env.get(IMPL_ENV) == "resctl":
+        from resctl.launch.owned_rdzv import mark_launcher_gone
+
+        mark_launcher_gone(launch_plan.run_dir, pid, launch_plan.rendezvous.endpoint, launch_plan.run_id, code < 0)
 
 
 def _watch(launch_plan: LaunchPlan, launcher_pid: int, on_event: Callable[[str], None]) -> "Watch | None":

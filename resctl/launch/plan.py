@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from resctl.errors import UsageError
 from resctl.launch import nvrx_flags
+from resctl.launch.rdzv_rounds import IMPL_ENV, KEEP_ALIVE_ENV, MISSES_ENV
 from resctl.launch.rendezvous import Rendezvous
 from resctl.profile.load import Resolved
 from resctl.profile.schema import Health, Profile, nnodes_range
@@ -93,6 +94,25 @@ def restart_policy(resolved: Resolved, nvrx_version: str) -> tuple[str, str]:
             f"by NVRx {nvrx_version} (removed in 0.6). Use \"any-failed\" or \"auto\"."
         )
     return policy, source
+
+
+def owned_rendezvous_env(resolved: Resolved, series: str, policy: str) -> dict[str, str]:
+    """The launcher's environment for resctl's rendezvous (resctl.launch.adapters), {} for NVRx's.
+    "auto" takes resctl's where it can stand in (NVRx 0.4, the any-failed policy); "resctl" there
+    only, a UsageError elsewhere."""
+    launch = resolved.profile.launch
+    if launch.rendezvous == "nvrx" or (launch.rendezvous == "auto" and (series != "0.4" or policy != "any-failed")):
+        return {}
+    where = resolved.source("launch.rendezvous")
+    if series != "0.4":
+        raise UsageError(f"launch.rendezvous = \"resctl\" ({where}) stands in for NVRx 0.4's rendezvous; NVRx "
+                         f"{series} has its own barrier rendezvous. Use launch.rendezvous = \"nvrx\".")
+    if policy != "any-failed":
+        raise UsageError(f"launch.rendezvous = \"resctl\" ({where}) needs the any-failed restart policy, and "
+                         f"this plan's is {policy} (in-process restart on NVRx 0.4 picks min-healthy). Set "
+                         "launch.restart_policy = \"any-failed\" or launch.rendezvous = \"nvrx\".")
+    return {IMPL_ENV: "resctl", KEEP_ALIVE_ENV: f"{launch.rdzv_keep_alive:g}",
+            MISSES_ENV: str(launch.rdzv_keep_alive_misses)}
 
 
 def plan_json(profile: Profile, run_id: str, run_dir: Path, nvrx_version: str, target: Target) -> str:
@@ -233,6 +253,13 @@ def plan(
 
     policy, policy_source = restart_policy(resolved, nvrx_version)
     add("--ft-restart-policy", policy, "launch.restart_policy", policy_source)
+    rdzv_env = owned_rendezvous_env(resolved, series, policy)
+    if rdzv_env:
+        settings.append(("(resctl) rendezvous", f"resctl's (keep-alive {launch.rdzv_keep_alive:g}s x "
+                         f"{launch.rdzv_keep_alive_misses})", src("launch.rendezvous")))
+    else:
+        settings.append(("(resctl) rendezvous", "NVRx's", src("launch.rendezvous")
+                         + ("" if launch.rendezvous == "nvrx" else f" (NVRx {series}, {policy})")))
 
     # What the workers run.
     if target.no_python and launch.use_shim:
@@ -267,6 +294,7 @@ def plan(
     # The workers' MASTER_ADDR/MASTER_PORT are the rendezvous store's (adapters._agent_store).
     if "TORCHELASTIC_SIGNALS_TO_HANDLE" not in user_env:
         env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = TORCHRUN_SIGNALS
+    env.update(rdzv_env)
     env["RESCTL_RUN_DIR"] = str(run_dir)
     env["RESCTL_PLAN"] = str(run_dir / PLAN_FILE)
     env.update(inprocess_env(p, {**user_env, **env}))

@@ -231,6 +231,24 @@ class Launch(Section):
         0.5, gt=0, description="Grace between SIGTERM and SIGKILL when the launcher stops workers to restart them "
         "(forked and exec'd alike). resctl's shim leaves at once on such a SIGTERM; this bounds a worker that cannot.",
     )
+    rendezvous: Literal["auto", "nvrx", "resctl"] = Field(
+        "nvrx", description="Which rendezvous the launcher's agents meet in. nvrx: NVRx's own (on 0.4 one key holds "
+        "the whole membership, every change a compare-and-set of it, and a restart round after a lost node first "
+        "waits 5 s x 3 for that node's keep-alive to expire). resctl: resctl's (O(1) store requests per node and "
+        "round; a restart round waits for no lost node that it does not need; NVRx 0.4 with the any-failed "
+        "policy; not yet: the spare console lines, the peer-stop decision and the preflight's wait for a full "
+        "round, which read NVRx's state). auto: resctl's where it can stand in, else NVRx's (min-healthy, NVRx "
+        "0.6+). docs/architecture.md, issue 25.",
+    )
+    rdzv_keep_alive: Duration = Field(
+        1.0, gt=0, description="launch.rendezvous = \"resctl\": how often each node's agent renews its heartbeat in "
+        "the rendezvous store (one small write); NVRx's own rendezvous keeps its fixed 5 s.",
+    )
+    rdzv_keep_alive_misses: int = Field(
+        3, ge=1, description="launch.rendezvous = \"resctl\": a node whose heartbeat is this many keep-alive "
+        "intervals old counts as gone, and a restart round stops waiting for it (a node whose `resctl run` saw its "
+        "launcher die counts as gone at once).",
+    )
     restart_policy: Literal["auto", "any-failed", "min-healthy"] = Field(
         "auto", description="auto picks min-healthy on NVRx 0.4 when in-process restart is on, else any-failed."
     )
@@ -293,6 +311,12 @@ class Launch(Section):
                 and nvrx_series(self.nvrx_version) != "0.4":
             raise ValueError(f"launch.restart_policy = \"min-healthy\" is not accepted by NVRx {self.nvrx_version} "
                              "(removed in 0.6); use \"any-failed\" or \"auto\"")
+        if self.rendezvous == "resctl" and self.restart_policy == "min-healthy":
+            raise ValueError("launch.rendezvous = \"resctl\" keeps no worker states, which restart_policy "
+                             "\"min-healthy\" needs; use restart_policy = \"any-failed\" or rendezvous = \"nvrx\"")
+        if self.rendezvous == "resctl" and self.nvrx_version != "auto" and nvrx_series(self.nvrx_version) != "0.4":
+            raise ValueError(f"launch.rendezvous = \"resctl\" stands in for NVRx 0.4's rendezvous; NVRx "
+                             f"{self.nvrx_version} has its own barrier rendezvous: use rendezvous = \"nvrx\"")
         return self
 
 

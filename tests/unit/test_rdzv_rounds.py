@@ -1,0 +1,81 @@
+"""resctl's rendezvous rules (resctl.launch.rdzv_rounds), pure: keys, outcome, ranks, closing, liveness."""
+
+from __future__ import annotations
+
+import pytest
+
+from resctl.launch.rdzv_rounds import (
+    DEAD,
+    LEFT,
+    Joiner,
+    Keys,
+    Outcome,
+    assign_ranks,
+    close_size,
+    is_alive,
+    missing_alive,
+    outcome_of,
+)
+
+
+def _j(slot: int, last_rank: int = -1, lws: int = 8, role: str = "default") -> Joiner:
+    return Joiner(slot, 0 if last_rank >= 0 else -1, last_rank, lws, role)
+
+
+def test_a_joiner_line_round_trips() -> None:
+    j = Joiner(7, 3, 2, 8, "default")
+    assert Joiner.decode(j.encode().encode()) == j
+    assert Joiner.decode(Joiner(0, -1, -1, 1, "a,b").encode()).role == "a,b"  # the role is the last field
+
+
+def test_an_outcome_round_trips_and_stays_small() -> None:
+    same = Outcome((1, 0, 2), (8, 8, 8), "default")
+    assert Outcome.decode(same.encode().encode()) == same
+    assert same.encode() == "v1|default|8|1,0,2"  # one local world size when all nodes agree
+    mixed = Outcome((0, 1), (8, 4), "default")
+    assert Outcome.decode(mixed.encode()) == mixed
+    big = Outcome(tuple(range(1024)), (8,) * 1024, "default")
+    assert len(big.encode()) < 5 * 1024, "about 4 bytes per node, read once by each node"
+    with pytest.raises(ValueError, match="unknown rendezvous outcome"):
+        Outcome.decode("v9|x|1|0")
+
+
+def test_ranks_are_kept_where_they_can_be_and_new_nodes_fill_the_gaps() -> None:
+    # Node with rank 1 lost; its replacement (no rank) arrives first; the survivors keep theirs.
+    assert assign_ranks([_j(9), _j(0, 0), _j(2, 2), _j(3, 3)]) == (1, 0, 2, 3)
+    # A rank beyond the new world (it shrank) is given up; the first claimant of a rank keeps it.
+    assert assign_ranks([_j(0, 3), _j(1, 0), _j(2, 0)]) == (1, 0, 2)
+    assert sorted(assign_ranks([_j(i) for i in range(5)])) == list(range(5))
+
+
+def test_the_outcome_maps_local_world_sizes_to_group_ranks() -> None:
+    out = outcome_of([_j(5, 1, lws=4), _j(6, 0, lws=8)])
+    assert out.ranks == (1, 0) and out.local_world_sizes == (8, 4) and out.role == "default"
+    assert outcome_of([_j(0, role="a"), _j(1, role="b")]).role == "", "mixed roles: torch's gather decides"
+
+
+@pytest.mark.parametrize(("joined", "past", "expected", "size"), [
+    (4, False, False, 4),  # max came: close now, whatever else
+    (5, False, False, 4),  # more than max: the first max arrivals
+    (3, False, False, None),  # min reached, others may still come
+    (3, True, False, 3),  # the last call is over
+    (3, False, True, 3),  # every node of the last round that is alive came (a restart)
+    (1, True, True, None),  # below min: never
+])
+def test_when_a_round_closes(joined: int, past: bool, expected: bool, size: int | None) -> None:
+    assert close_size(joined, 2, 4, past_last_call=past, all_expected=expected) == size
+
+
+def test_liveness_of_a_heartbeat() -> None:
+    assert is_alive(b"100.0", now=102.0, expiry=3.0)
+    assert not is_alive(b"100.0", now=104.0, expiry=3.0)
+    assert not is_alive(LEFT, now=100.0, expiry=3.0) and not is_alive(DEAD.encode(), now=100.0, expiry=3.0)
+    assert not is_alive(None, now=0, expiry=1) and not is_alive(b"garbage", now=0, expiry=1)
+    beats = {1: b"99.5", 2: DEAD, 3: b"90.0"}
+    assert missing_alive([0, 1, 2, 3], {0}, beats, now=100.0, expiry=3.0) == [1]
+
+
+def test_keys_are_per_run_and_per_round() -> None:
+    a, b = Keys("job-a"), Keys("job-b")
+    assert a.done(1) != a.done(2) and a.done(1) != b.done(1)
+    assert a.joiner(3, 0).startswith(a.base) and a.heartbeat(5).startswith(a.base)
