@@ -33,7 +33,14 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from resctl.errors import LaunchError
 from resctl.launch.rdzv_rounds import DEAD, LEFT, Joiner, Keys, Outcome, close_size, is_alive, missing_alive, outcome_of
+
+
+def _no_worker_states() -> LaunchError:
+    return LaunchError('launch.rendezvous = "resctl" keeps no worker states, which launch.restart_policy = '
+                       '"min-healthy" needs: set launch.rendezvous = "nvrx" (or "auto", which picks NVRx\'s for it)')
+
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +181,14 @@ class OwnedRendezvousHandler:
     def round(self) -> int:
         return self._current()
 
+    # The min-healthy restart policy reads and writes worker states in the rendezvous; this one keeps
+    # none, so the profile refuses that pairing (schema: launch.rendezvous vs launch.restart_policy).
+    # Reaching these means a launcher called them anyway: say so plainly rather than pretend.
     def try_set_worker_state(self, target_state: Any) -> Any:
-        raise NotImplementedError("launch.rendezvous = \"resctl\" keeps no worker states (min-healthy policy)")
+        raise _no_worker_states()
 
     def get_worker_states(self) -> Any:
-        raise NotImplementedError("launch.rendezvous = \"resctl\" keeps no worker states (min-healthy policy)")
+        raise _no_worker_states()
 
     def _stop_heartbeats(self) -> None:
         self._stop.set()

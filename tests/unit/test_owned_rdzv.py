@@ -237,3 +237,14 @@ def test_a_spare_waits_past_the_join_timeout(port: int) -> None:
         assert not thread.is_alive() and type(got.get("error")).__name__ == "RendezvousGracefulExitError", got
     finally:
         c.close()
+
+
+def test_worker_states_are_refused_with_the_fix(cluster: Any) -> None:
+    # The min-healthy policy's calls: the profile refuses the pairing, and a launcher that calls them
+    # anyway gets resctl's error naming the setting to change, not a bare NotImplementedError.
+    from resctl.errors import LaunchError
+
+    node = cluster("states", 1, 1).node()
+    for call in (lambda: node.get_worker_states(), lambda: node.try_set_worker_state(None)):
+        with pytest.raises(LaunchError, match='launch.rendezvous = "nvrx"'):
+            call()
