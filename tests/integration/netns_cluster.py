@@ -21,6 +21,18 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True)
 
 
+def lose_namespace(ns: str) -> None:
+    """A node gone whole, as when the machine goes: every process in namespace `ns` stopped first (none
+    reacts to a parent's death, e.g. a lifeline's SIGTERM, before its own SIGKILL lands), then killed."""
+    pids = [int(pid) for pid in _ip("netns", "pids", ns).stdout.split()]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
 class Cluster:
     def __init__(self, tag: str, n: int) -> None:
         self.tag, self.n = tag, n
@@ -90,15 +102,7 @@ class Cluster:
         return out
 
     def lose(self, i: int) -> None:
-        """Node i gone whole, as when the machine goes: every process in it stopped first (none reacts to a
-        parent's death, e.g. a lifeline's SIGTERM, before its own SIGKILL lands), then killed."""
-        pids = [int(pid) for pid in _ip("netns", "pids", self.names[i]).stdout.split()]
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+        lose_namespace(self.names[i])
 
     def kill(self, i: int) -> None:
         for pid in _ip("netns", "pids", self.names[i]).stdout.split():

@@ -38,6 +38,7 @@ from tests.integration.jobs import (
     start,
     wait_for,
 )
+from tests.integration.netns_cluster import lose_namespace
 from tests.integration.test_recovery import assert_same_final
 
 pytestmark = pytest.mark.slow
@@ -108,24 +109,12 @@ def start_node(ns: str, index: int, tmp_path: Path, job: list[str] | None = None
                             start_new_session=True)
 
 
-def lose_node(ns: str) -> None:
-    """Every process of the node at once, as when the machine goes: all are stopped first, so that none
-    reacts to a parent's death (the lifelines' SIGTERM) before its own SIGKILL lands."""
-    pids = [int(pid) for pid in _ip("netns", "pids", ns).stdout.split()]
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-
 def _run_until(nodes: list[str], procs: list[subprocess.Popen[str]], run_dir: Path, step: int) -> None:
     try:
         wait_for(lambda: last_step(run_dir, 1) >= step, 180, f"rank 1 (node b) to reach step {step}", procs[0])
     except AssertionError as err:
         for ns in nodes:
-            lose_node(ns)
+            lose_namespace(ns)
         tails = [f"--- node {i} ---\n{(p.communicate(timeout=30)[0] or '')[-3000:]}" for i, p in enumerate(procs)]
         raise AssertionError(f"{err}\n" + "\n".join(tails)) from None
 
@@ -152,7 +141,7 @@ def test_node_lost_restores_from_the_buddys_memory(nodes: list[str], tmp_path: P
     procs = [start_node(nodes[0], 0, tmp_path, job), start_node(nodes[1], 1, tmp_path, job)]
     run_dir = tmp_path / "lost"
     _run_until(nodes, procs, run_dir, 15)
-    lose_node(nodes[1])
+    lose_namespace(nodes[1])
     procs[1].wait(timeout=30)
     procs[1] = start_node(nodes[1], 1, tmp_path, job)  # the Job recreates the pod: new node, empty memory
     (code_a, out_a), (code_b, out_b) = finish(procs[0]), finish(procs[1])
@@ -181,10 +170,10 @@ def test_node_loss_and_return(nodes: list[str], tmp_path: Path, reference: Path)
         wait_for(lambda: last_step(run_dir, 1) >= 15, 180, "rank 1 (node b) to reach step 15", a)
     except AssertionError as err:
         for ns in nodes:
-            lose_node(ns)
+            lose_namespace(ns)
         tails = [f"--- node {i} ---\n{(p.communicate(timeout=30)[0] or '')[-3000:]}" for i, p in enumerate((a, b))]
         raise AssertionError(f"{err}\n" + "\n".join(tails)) from None
-    lose_node(nodes[1])
+    lose_namespace(nodes[1])
     b.wait(timeout=30)
     b_again = start_node(nodes[1], 1, tmp_path)  # the Job recreates the pod with the same index
     code_a, out_a = finish(a)
