@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,13 @@ from resctl.telemetry.events import read_events
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 LOCAL_PROFILE = EXAMPLES / "profiles" / "local-cpu.toml"
+
+
+def free_port() -> int:
+    """A loopback port free now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from tests.integration.jobs import (
     assert_same_weights,
     events,
     finish,
+    free_port,
     last_step,
     start,
     wait_for,
@@ -32,12 +32,6 @@ from tests.integration.jobs import (
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(EXAMPLES / "train_snapshot.py")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _node(tmp_path: Path, index: int, port: int, nnodes: str, steps: int = 40) -> list[str]:
@@ -66,7 +60,7 @@ def _joined_rounds(run_dir: Path) -> list[str]:
 
 
 def test_node_lost_and_replaced(tmp_path: Path, reference: Path) -> None:
-    port = _port()
+    port = free_port()
     a = start(_node(tmp_path, 0, port, "2"), cwd=tmp_path)
     b = start(_node(tmp_path, 1, port, "2"), cwd=tmp_path)
     try:
@@ -91,7 +85,7 @@ def test_node_lost_and_replaced(tmp_path: Path, reference: Path) -> None:
 
 
 def test_lost_launcher_is_marked_dead_and_the_survivor_goes_on(tmp_path: Path) -> None:
-    port = _port()
+    port = free_port()
     a = start(_node(tmp_path, 0, port, "1:2", steps=60), cwd=tmp_path)
     b = start(_node(tmp_path, 1, port, "1:2", steps=60), cwd=tmp_path)
     run_b = tmp_path / "node1"

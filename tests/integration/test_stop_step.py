@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,16 +25,10 @@ import pytest
 
 from resctl.checkpoint.format import list_step_dirs, read_manifest
 from resctl.profile.schema import Profile
-from tests.integration.jobs import EXAMPLES, events
+from tests.integration.jobs import EXAMPLES, events, free_port
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(EXAMPLES / "train_ckpt.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_ranks(tmp: Path, script_args: list[str], grace: float = 20.0,
@@ -48,7 +41,7 @@ def start_ranks(tmp: Path, script_args: list[str], grace: float = 20.0,
     })
     plan = tmp / "plan.json"
     plan.write_text(json.dumps({"profile": profile.model_dump(mode="json"), "run_dir": str(run_dir)}))
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
