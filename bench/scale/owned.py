@@ -18,7 +18,6 @@ of an all-gather, and the MASTER_ADDR/PORT keys). Variants:
 from __future__ import annotations
 
 import logging
-import resource
 import threading
 import time
 from collections import Counter
@@ -27,6 +26,7 @@ from typing import Any
 
 from bench.scale.counting import Counting, per_participant, total
 from bench.scale.host import StoreHost
+from bench.scale.rdzv import run_rounds
 
 
 class Node:
@@ -79,22 +79,6 @@ class Node:
         self.handler._stop_heartbeats()
 
 
-def _run(nodes: list[Node]) -> tuple[float, float, float]:
-    threads = [threading.Thread(target=n.round, daemon=True) for n in nodes]
-    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    errors = [n.error for n in nodes if n.error is not None]
-    if errors:
-        raise RuntimeError(f"{len(errors)} node(s) failed the rendezvous: {errors[0]!r}")
-    cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime
-    return max(n.done for n in nodes) - t0, max(n.rdzv_done for n in nodes) - t0, cpu
-
-
 def scenario(n: int, variant: str = "replace", keep_alive: float = 1.0, misses: int = 3) -> dict[str, Any]:
     """Round 0 with `n` nodes, one node lost, the restart round (see the module's variants); measures."""
     logging.getLogger("resctl").setLevel(logging.WARNING)
@@ -116,7 +100,7 @@ def _scenario(host: StoreHost, everyone: list[Node], n: int, variant: str, run_i
 
     nodes = [Node(host.port, run_id, min_nodes, n, keep_alive, misses) for _ in range(n)]
     everyone.extend(nodes)
-    start_wall, _, start_cpu = _run(nodes)
+    start_wall, _, start_cpu = run_rounds(nodes)
     start_ops = total(x.ops for x in nodes)
     ranks_before = {id(x): x.rank for x in nodes}
     polls = []
@@ -136,7 +120,7 @@ def _scenario(host: StoreHost, everyone: list[Node], n: int, variant: str, run_i
     if variant == "replace":
         survivors.append(Node(host.port, run_id, min_nodes, n, keep_alive, misses))
         everyone.append(survivors[-1])
-    wall, rdzv_wall, cpu = _run(survivors)
+    wall, rdzv_wall, cpu = run_rounds(survivors)
     ops = total(x.ops for x in survivors)
     sample = host.sample()
     kept = sum(1 for x in survivors if ranks_before.get(id(x)) == x.rank)

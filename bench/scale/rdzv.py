@@ -110,9 +110,11 @@ class Node:
         self.handler._stop_heartbeats()
 
 
-def _run(nodes: list[Node], share: bool) -> tuple[float, float, float]:
-    """(wall of the slowest node, wall to the last next_rendezvous, CPU of this process)."""
-    threads = [threading.Thread(target=n.round, args=(share,), daemon=True) for n in nodes]
+def run_rounds(nodes: list[Any], *round_args: Any) -> tuple[float, float, float]:
+    """Every node's `round(*round_args)` in a thread of its own (nodes with `done`, `rdzv_done` and
+    `error`; NVRx's here, resctl's in bench/scale/owned.py): (wall of the slowest node, wall to the
+    last next_rendezvous, CPU of this process)."""
+    threads = [threading.Thread(target=n.round, args=round_args, daemon=True) for n in nodes]
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.monotonic()
     for t in threads:
@@ -134,7 +136,7 @@ def scenario(n: int, keep_alive: float = 5.0, attempts: int = 3, last_call: floa
     run_id = f"scale{n}"
     with StoreHost(libuv=False) as host:
         nodes = [Node(host.port, run_id, n, keep_alive, attempts, last_call) for _ in range(n)]
-        start_wall, _, start_cpu = _run(nodes, share=True)
+        start_wall, _, start_cpu = run_rounds(nodes, True)
         start_ops = total(n_.ops for n_ in nodes)
         state = nodes[0].state_bytes()
         polls = sorted(nodes[i].poll() for i in range(0, n, max(1, n // 16)))
@@ -146,7 +148,7 @@ def scenario(n: int, keep_alive: float = 5.0, attempts: int = 3, last_call: floa
         replacement = Node(host.port, run_id, n, keep_alive, attempts, last_call)
         host.mark()
         survivors = [x for x in nodes if x is not lost] + [replacement]
-        wall, rdzv_wall, cpu = _run(survivors, share=True)
+        wall, rdzv_wall, cpu = run_rounds(survivors, True)
         ops = total(x.ops for x in survivors)
         host_sample = host.sample()
         expiry = keep_alive * attempts
