@@ -44,14 +44,10 @@ class LatePreload:
     @classmethod
     def maybe_start(cls) -> None:
         """From the monitor loop: start the thread once the first workers have run long enough."""
-        import threading
         import time
 
-        if cls.thread is not None or cls.started_at is None or not cls.enabled():
-            return
-        if time.monotonic() - cls.started_at >= LATE_AFTER:
-            cls.thread = threading.Thread(target=_import, args=(LATE_PRELOAD,), name="resctl-preload", daemon=True)
-            cls.thread.start()
+        if cls.started_at is not None and time.monotonic() - cls.started_at >= LATE_AFTER:
+            cls.start_now()
 
     @classmethod
     def start_now(cls) -> None:
