@@ -1,14 +1,17 @@
-"""What the memory tier's commit hold costs per step (issue 27, item 4): a training loop (one
+"""What the memory tier's commit hold costs per step (issues 27 and 31): a training loop (one
 process, CPU, a model of `--params` million parameters + Adam, `checkpoint.memory_every = --every`)
 in alternating blocks of `--every` x `--cycles` steps, each block under one hold policy:
 
-- `next` (resctl now): the forward after every snapshot waits for that snapshot's commit;
-- `due` (the policy merged before it): only the forward of the step that ends in the next
-  snapshot waits, for a commit still in flight then (a rollback of up to 2 memory_every - 1);
+- `due` (resctl now, issue 31): back-pressure only: the forward of the step that ends in the next
+  snapshot waits for a commit still in flight then (rollback <= memory_every + the steps a commit
+  spans, at most 2 memory_every - 1);
+- `next` (issue 27's strict hold): the forward after every snapshot waits for that snapshot's
+  commit (rollback <= memory_every);
 - `none`: no hold (no step every rank holds after some kills, with two slots).
 
 Reported per policy: the mean step time (a hold falls on one step in `--every`, so a median would
-hide it), the median of the blocks' means, and the seconds the forwards waited per snapshot.
+hide it), the median of the blocks' means, and the seconds the forwards waited per snapshot (the
+tier's own count, `MemoryTier._held`, which the next `ckpt_mem` reports).
 
     python bench/bench_commit_gate.py --params 20 --every 4 --cycles 3 --blocks 5
 """
@@ -22,8 +25,6 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
@@ -36,46 +37,31 @@ from resctl.checkpoint.engine import Checkpointer
 from resctl.checkpoint.memory import MemoryTier
 
 POLICIES = ("next", "due", "none")
-HOLD = MemoryTier._gate_next_forward
-held: list[float] = []  # seconds each hold waited, this block
-
-
-def timed_hold(self: MemoryTier, commit: Future[None]) -> None:
-    """The product's hold, with the wait it causes recorded."""
-    def timed(f: Future[None] = commit) -> None:
-        t0 = time.perf_counter()
-        wait_futures([f])
-        held.append(time.perf_counter() - t0)
-    if self._gate is not None:
-        self._gate.remove()
-
-    def gate(_m: Any, _a: Any) -> None:
-        handle.remove()
-        if self._gate is handle:
-            self._gate = None
-        timed()
-
-    handle = self._gate = torch.nn.modules.module.register_module_forward_pre_hook(gate)
+HOLD = MemoryTier.hold_if_committing
 
 
 def block(ck: Checkpointer, policy: str, every: int, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int,
-          start: int) -> list[float]:
-    MemoryTier._gate_next_forward = timed_hold if policy == "next" else (lambda self, commit: None)  # type: ignore
+          start: int) -> tuple[list[float], float]:
+    """The step times of one block, and the seconds its forwards were held."""
+    MemoryTier.hold_if_committing = HOLD if policy != "none" else (lambda self: False)  # type: ignore[method-assign]
     x = torch.randn(32, model[0].in_features)
     times = []
+    held = 0.0
     for step in range(start, start + steps):
         t0 = time.perf_counter()
-        tier = ck.memory._memory
-        if policy == "due" and step % every == 0 and tier is not None and tier._commit is not None:
-            if not tier._commit.done():
-                timed_hold(tier, tier._commit)
         model(x).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
         ck.maybe_save({"model": model, "optim": opt}, step)
+        tier = ck.memory._memory
+        if tier is not None:
+            if policy == "next" and step % every == 0:
+                tier.hold_if_committing()
+            held += tier._held
+            tier._held = 0.0
         times.append(time.perf_counter() - t0)
     ck.wait()
-    return times
+    return times, held
 
 
 def main() -> None:
@@ -101,11 +87,11 @@ def main() -> None:
         step += steps
         for _ in range(a.blocks):
             for p in policies:
-                held.clear()
-                times[p].append(block(ck, p, a.every, model, opt, steps, step))
-                waits[p].append(sum(held) / a.cycles)
+                got, held = block(ck, p, a.every, model, opt, steps, step)
+                times[p].append(got)
+                waits[p].append(held / a.cycles)
                 step += steps
-        MemoryTier._gate_next_forward = HOLD  # type: ignore[method-assign]
+        MemoryTier.hold_if_committing = HOLD  # type: ignore[method-assign]
         ck.close()
     out: dict[str, Any] = {"params_m": a.params, "every": a.every, "steps_per_block": steps, "blocks": a.blocks}
     for p in policies:

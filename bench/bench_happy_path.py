@@ -13,6 +13,11 @@ torchrun's + 3.
 
     python bench/bench_happy_path.py --repeats 5                       # this CPU box (gloo)
     python bench/bench_happy_path.py --repeats 5 --device cuda --nproc 8 # one GPU node (nccl)
+
+Another resctl beside this one (an older commit's checkout, say): `--resctl-path LABEL=DIR` runs a
+column `resctl@LABEL` with DIR first on PYTHONPATH, alternating with the others:
+
+    git worktree add /tmp/before HEAD~1 && python bench/bench_happy_path.py --resctl-path before=/tmp/before
 """
 
 from __future__ import annotations
@@ -28,19 +33,28 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bench_kill_resume import env_for
+
 HERE = Path(__file__).resolve().parent
 NOOP = HERE / "scripts" / "happy_noop.py"
 DDP = HERE / "scripts" / "happy_ddp.py"
 
 
 def launcher(kind: str, nproc: int, run_dir: Path) -> list[str]:
+    """torchrun, resctl (default profile), `resctl --set K=V` (kind "resctl --set K=V": a variant) or
+    resctl@LABEL (another checkout: `run`'s PYTHONPATH)."""
     if kind == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    return [sys.executable, "-m", "resctl", "run", "--nproc-per-node", str(nproc), "--run-dir", str(run_dir)]
+    sets = kind.split()[1:] if not kind.startswith("resctl@") else []
+    return [sys.executable, "-m", "resctl", "run", "--nproc-per-node", str(nproc), "--run-dir", str(run_dir), *sets]
 
 
-def run(cmd: list[str], cwd: Path) -> tuple[float, list[str]]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RESCTL_VERBOSE")}
+def run(cmd: list[str], cwd: Path, kind: str = "", paths: dict[str, str] | None = None) -> tuple[float, list[str]]:
+    """`cmd` in a new user's environment; resctl@LABEL with `paths[LABEL]` first on PYTHONPATH."""
+    env = env_for(kind, {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RESCTL_VERBOSE")},
+                  paths or {})
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t0
@@ -65,9 +79,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--json", type=Path, help="also write the raw numbers here")
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                    help="also run resctl with --set KEY=VALUE (its own column; repeatable)")
+    ap.add_argument("--resctl-path", action="append", default=[], metavar="LABEL=DIR",
+                    help="also run the resctl in DIR (first on PYTHONPATH) as resctl@LABEL (repeatable)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-happy-"))
-    kinds = ("torchrun", "resctl")
+    paths = dict(v.split("=", 1) for v in args.resctl_path)
+    kinds = ("torchrun", "resctl", *(f"resctl --set {v}" for v in args.variant), *(f"resctl@{label}" for label in paths))
     wall: dict[str, list[float]] = {k: [] for k in kinds}
     lines: dict[str, list[int]] = {k: [] for k in kinds}
     step: dict[str, list[float]] = {k: [] for k in kinds}
@@ -75,14 +94,14 @@ def main() -> int:
     for i in range(args.repeats):
         order = kinds if i % 2 == 0 else kinds[::-1]  # alternate who goes first
         for kind in order:
-            seconds, out = run(launcher(kind, args.nproc, tmp / f"noop-{kind}-{i}") + [str(NOOP)], tmp)
+            seconds, out = run(launcher(kind, args.nproc, tmp / f"noop-{kind}-{i}") + [str(NOOP)], tmp, kind, paths)
             wall[kind].append(seconds)
             lines[kind].append(len(out))
         for kind in order:
-            _, out = run(launcher(kind, args.nproc, tmp / f"ddp-{kind}-{i}") + ddp_args, tmp)
+            _, out = run(launcher(kind, args.nproc, tmp / f"ddp-{kind}-{i}") + ddp_args, tmp, kind, paths)
             step[kind].append(step_median(out))
-        print(f"repeat {i + 1}: no-op wall torchrun {wall['torchrun'][-1]:.2f} s, resctl {wall['resctl'][-1]:.2f} s; "
-              f"step median torchrun {step['torchrun'][-1]:.1f} us, resctl {step['resctl'][-1]:.1f} us", flush=True)
+        print(f"repeat {i + 1}: " + "; ".join(f"{k}: no-op {wall[k][-1]:.2f} s, step {step[k][-1]:.1f} us" for k in kinds),
+              flush=True)
     med = {k: (statistics.median(wall[k]), statistics.median(step[k]), max(lines[k])) for k in kinds}
     (tw, ts, tl), (rw, rs, rl) = med["torchrun"], med["resctl"]
     step_target = 20.0 if args.device == "cpu" else 0.02 * ts
@@ -94,6 +113,11 @@ def main() -> int:
     print(f"{'step (median of medians)':24}{ts:>10.1f}us{rs:>10.1f}us{rs - ts:>+10.1f}us  <= +{step_target:.1f} us "
           f"{'OK' if rs - ts <= step_target else 'MISSED'}")
     print(f"{'console lines (max)':24}{tl:>12d}{rl:>12d}{rl - tl:>+12d}  <= +3 {'OK' if rl - tl <= 3 else 'MISSED'}")
+    for kind in kinds[2:]:
+        vs = statistics.median(step[kind])
+        print(f"{kind}: step (median of medians) {vs:.1f} us ({vs - ts:+.1f} us, {100 * (vs / ts - 1):+.1f} % vs torchrun)")
+    for kind in kinds:  # a job's end held back by a monitor interval shows in the slowest, not the median
+        print(f"{kind}: no-op wall median {statistics.median(wall[kind]):.2f} s, slowest {max(wall[kind]):.2f} s")
     if args.json:
         args.json.write_text(json.dumps({"wall": wall, "step_us": step, "lines": lines, "device": args.device,
                                          "nproc": args.nproc}, indent=2))

@@ -12,6 +12,13 @@ outside the job, from the script's output, the same way for both launchers.
     python bench/bench_kill_resume.py --script ddp --nproc 2 --device cpu --faults 5 --clean 3
     python bench/bench_kill_resume.py --script fsdp2 --nproc 1 --device cuda --faults 5 --clean 3
 
+Another NVRx version beside the installed one: a launcher `resctl@LABEL` runs `resctl run` with
+`--nvrx-path LABEL=DIRS` put first on PYTHONPATH (DIRS: where that NVRx and its dependencies are), e.g.
+NVRx 0.7.0 from its wheel's sources next to the venv's 0.4.1, all alternating round by round:
+
+    python bench/bench_kill_resume.py --device cpu --launchers torchrun,resctl,resctl@0.7 \
+        --nvrx-path 0.7=/work/nvrx07/src:/work/nvrx07/deps
+
 Prints one JSON document: per launcher the p50 and every sample.
 """
 
@@ -44,6 +51,7 @@ class Job:
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.lines: list[str] = []
+        self.arrival: list[float] = []  # time.time() each line arrived
         self.cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -51,6 +59,7 @@ class Job:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             with self.cond:
+                self.arrival.append(time.time())
                 self.lines.append(line.rstrip("\n"))
                 self.cond.notify_all()
         with self.cond:
@@ -84,6 +93,16 @@ def argv_for(launcher: str, nproc: int, script: Path, script_args: list[str], re
     return [sys.executable, "-m", "resctl", "run", *common, *resctl_args, str(script), *script_args]
 
 
+def env_for(launcher: str, env: dict[str, str], nvrx_paths: dict[str, str]) -> dict[str, str]:
+    """`resctl@LABEL`: the environment with that NVRx's directories first on PYTHONPATH."""
+    _, _, label = launcher.partition("@")
+    if not label:
+        return env
+    if label not in nvrx_paths:
+        raise SystemExit(f"--launchers names {launcher} but no --nvrx-path {label}=DIRS says where that NVRx is")
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (nvrx_paths[label], env.get("PYTHONPATH", "")) if p)}
+
+
 STEP = re.compile(r"STEP (\d+) (\d+) ([\d.]+)$")
 PID = re.compile(r"PID (\d+) (\d+)\b")
 
@@ -95,7 +114,8 @@ def steps_of(line: str) -> tuple[int, int, float] | None:
 
 def fault_round(launcher: str, args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> float:
     script_args = [*args.script_args, "--steps", str(args.steps), "--device", args.device]
-    job = Job(argv_for(launcher, args.nproc, SCRIPTS[args.script], script_args, args.resctl_args), tmp, env)
+    job = Job(argv_for(launcher, args.nproc, SCRIPTS[args.script], script_args, args.resctl_args), tmp,
+              env_for(launcher, env, args.nvrx_paths))
     try:
         pid_line = {}
         i, _ = job.wait_line(lambda l: (s := steps_of(l)) is not None and s[0] == args.kill_rank and s[1] >= args.kill_after,
@@ -120,7 +140,8 @@ def fault_round(launcher: str, args: argparse.Namespace, tmp: Path, env: dict[st
 
 def clean_round(launcher: str, args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> float:
     script_args = [*args.script_args, "--steps", str(args.steps), "--device", args.device]
-    job = Job(argv_for(launcher, args.nproc, SCRIPTS[args.script], script_args, args.resctl_args), tmp, env)
+    job = Job(argv_for(launcher, args.nproc, SCRIPTS[args.script], script_args, args.resctl_args), tmp,
+              env_for(launcher, env, args.nvrx_paths))
     code = job.proc.wait(timeout=args.timeout)
     wall = time.time() - job.t0
     if code != 0:
@@ -138,7 +159,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--kill-after", type=int, default=15, help="kill once this step is printed (after a snapshot)")
     ap.add_argument("--kill-rank", type=int, default=-1, help="default: the last rank")
-    ap.add_argument("--launchers", default="torchrun,resctl")
+    ap.add_argument("--launchers", default="torchrun,resctl", help="torchrun, resctl, resctl@LABEL (see --nvrx-path)")
+    ap.add_argument("--nvrx-path", action="append", default=[], metavar="LABEL=DIRS",
+                    help="where the NVRx of `resctl@LABEL` is: directories put first on PYTHONPATH (':'-separated)")
     ap.add_argument("--resctl-args", default="", help="extra `resctl run` arguments, space separated")
     ap.add_argument("--script-args", default="", help="extra script arguments, space separated")
     ap.add_argument("--timeout", type=float, default=120, help="seconds a round may take")
@@ -146,6 +169,7 @@ def main() -> None:
     args.kill_rank = args.nproc - 1 if args.kill_rank < 0 else args.kill_rank
     args.resctl_args = args.resctl_args.split()
     args.script_args = args.script_args.split()
+    args.nvrx_paths = dict(item.split("=", 1) for item in args.nvrx_path)
     launchers = args.launchers.split(",")
     # Buffered stdout (the scripts print each line with flush=True): one write per line. Unbuffered,
     # print() writes the text and the newline apart and two ranks' lines could glue together (a PID

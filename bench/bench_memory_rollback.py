@@ -4,15 +4,18 @@ Jobs of 2 CPU ranks (examples/train_ckpt.py, real ft_launcher, `checkpoint.memor
 disk checkpoints effectively off) are SIGKILLed `--kills-per-job` times each, a random rank at a
 random moment once the cycle has trained a few steps; `resctl report`'s analysis gives each
 recovery's rollback (the newest step reached before the kill minus the step resumed) and where
-the state came from. The claim: every rollback <= memory_every (1), every state from memory.
+the state came from. The claim: every rollback <= memory_every (1: at memory_every = 1 the
+back-pressure hold falls on every step), every state from memory.
 
     python bench/bench_memory_rollback.py --kills 100 [--kills-per-job 10] [--seed 27]
 
 `--every M` (M > 1) runs the kills on tests/integration/rollback_pair.py instead: two forked gloo
 ranks whose commits span many steps (as a GPU's do), `memory_every = M`, one kill after another;
-the claim is the same (every rollback <= M, every state from memory and the step's own).
+the claim (issue 31's back-pressure bound): every rollback <= M + the steps a commit spans (measured
+per kill from the ranks' marks), capped at M - 1 by the hold, so <= 2M - 1; with `--delay 0`
+(commits shorter than a step) <= M + 1; every state from memory and the step's own.
 
-    python bench/bench_memory_rollback.py --every 4 --kills 100 --seed 27
+    python bench/bench_memory_rollback.py --every 4 --kills 100 --seed 27 [--delay 0]
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ def main() -> None:
     ap.add_argument("--kills-per-job", type=int, default=10)
     ap.add_argument("--seed", type=int, default=27)
     ap.add_argument("--every", type=int, default=1, help="memory_every; > 1: the forked pair with long commits")
+    ap.add_argument("--delay", type=float, default=None, help="the pair's rank-1 commit, seconds (default: its own)")
     a = ap.parse_args()
     if a.every > 1:
-        pair(a.every, a.kills, a.seed)
+        pair(a.every, a.kills, a.seed, a.delay)
         return
     rng = random.Random(a.seed)
     found: list[tuple[int, int, str | None]] = []
@@ -68,18 +72,22 @@ def main() -> None:
     }))
 
 
-def pair(every: int, kills: int, seed: int) -> None:
+def pair(every: int, kills: int, seed: int, delay: float | None) -> None:
     script = Path(__file__).resolve().parents[1] / "tests" / "integration" / "rollback_pair.py"
+    extra = [] if delay is None else ["--delay", str(delay)]
     with tempfile.TemporaryDirectory(prefix="resctl-bench-rollback-") as d:
         out = subprocess.run([sys.executable, str(script), d, "--every", str(every), "--kills", str(kills),
-                              "--seed", str(seed)], capture_output=True, text=True, check=True).stdout
+                              "--seed", str(seed), *extra], capture_output=True, text=True, check=True).stdout
     lines = [json.loads(line) for line in out.splitlines()]
     rollbacks = [k["reached"] - k["resumed"] for k in lines[:-1]]
+    bounds = [every + min(k["span"], every - 1) for k in lines[:-1]]  # every + the steps a commit spanned
     print(json.dumps({
         "every": every, "kills": len(rollbacks), "rollback_max": max(rollbacks),
         "rollback_median": statistics.median(rollbacks),
         "rollback_histogram": dict(sorted(collections.Counter(rollbacks).items())),
         "in_commit": lines[-1]["in_commit"], "within_memory_every": sum(r <= every for r in rollbacks),
+        "spans": dict(sorted(collections.Counter(k["span"] for k in lines[:-1]).items())),
+        "within_bound": sum(r <= b for r, b in zip(rollbacks, bounds)), "within_2m_1": sum(r <= 2 * every - 1 for r in rollbacks),
     }))
 
 

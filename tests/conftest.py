@@ -1,9 +1,16 @@
-"""Test isolation: no stray RESCTL_* or scheduler variables from the developer's shell, temp HOME."""
+"""Test isolation: no stray RESCTL_* or scheduler variables from the developer's shell, temp HOME.
+
+Which NVRx the suite runs on: the one Python imports (the venv's 0.4.1, or 0.7.0 put first on PYTHONPATH:
+`.ci/nvrx07`). `--expect-nvrx VERSION` stops the session when it is another (a wrong PYTHONPATH would run
+0.4.1 twice); the `launcher` marker is every unit test of the launcher (CI's 0.7.0 pass runs
+`-m "slow or launcher"`); `@pytest.mark.nvrx_series("0.4")` skips a test on the other series.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -13,10 +20,78 @@ SCHEDULER_VARS = ("SLURM_", "JOB_COMPLETION_INDEX", "PET_", "MASTER_ADDR", "MAST
                   "LOCAL_RANK", "TORCHELASTIC_", "FT_", "KUBERNETES_", "POD_NAMESPACE", "GROUP_RANK")
 
 
+#: The launcher's unit tests (files), marked `launcher`: CI's NVRx 0.7.0 pass runs them with the slow tests.
+LAUNCHER_UNIT_TESTS = {
+    "test_ft_entry.py", "test_patching.py", "test_wake_on_exit.py", "test_worker_parity.py", "test_nvrx_private.py",
+    "test_nvrx_flags.py", "test_plan.py", "test_stop_marker.py", "test_spares.py", "test_owned_rdzv.py",
+    "test_rdzv_rounds.py", "test_console_lines.py", "test_rendezvous.py", "test_shim_recovery.py",
+}
+
+
+def installed_nvrx() -> str:
+    try:
+        return metadata.version("nvidia-resiliency-ext")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    import nvidia_resiliency_ext
+
+    # 0.4.1 ships no __init__.py (a namespace package: no __file__); its __path__ says where it is either way
+    return f"NVRx {installed_nvrx()} from {', '.join(nvidia_resiliency_ext.__path__)}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "launcher: a unit test of the launcher (CI runs it on every NVRx version)")
+    config.addinivalue_line("markers", "nvrx_series(series): runs only on that ft_launcher series (\"0.4\", \"0.6+\")")
+    # Tests start launchers and scripts from other working directories: a relative PYTHONPATH entry would
+    # name nothing there, and those processes would silently run the venv's NVRx instead.
+    if os.environ.get("PYTHONPATH"):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(entry) if entry else entry for entry in os.environ["PYTHONPATH"].split(os.pathsep))
+    expected = config.getoption("--expect-nvrx")
+    if expected and installed_nvrx() != expected:
+        raise pytest.UsageError(f"--expect-nvrx {expected}: Python imports NVRx {installed_nvrx()} "
+                                "(put NVRx 0.7.0 first on PYTHONPATH: .ci/nvrx07 DIR; PYTHONPATH=DIR/src:DIR/deps)")
+
+
+#: The end of each failure's report, printed again as the session's last words: a CI log that keeps only its
+#: head and tail (the second pass's failures sat in the cut middle once) still shows why each test failed.
+DIGEST_LINES, DIGEST_CHARS = 14, 3000
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    failed = [*terminalreporter.stats.get("failed", []), *terminalreporter.stats.get("error", [])]
+    if not failed:
+        return
+    budget = DIGEST_CHARS // len(failed)
+    terminalreporter.section("the end of each failure (the whole report is above)")
+    for report in failed:
+        tail = "\n".join(line[:240] for line in report.longreprtext.splitlines()[-DIGEST_LINES:])
+        terminalreporter.write_line(f"{report.nodeid} ({report.when})\n{tail[-budget:]}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from resctl.profile.nvrx_versions import series_for
+
+    version = installed_nvrx()
+    series = series_for(version) if version != "none" else ""
+    for item in items:
+        if item.path.name in LAUNCHER_UNIT_TESTS:
+            item.add_marker(pytest.mark.launcher)
+        wanted = item.get_closest_marker("nvrx_series")
+        if wanted is not None and series not in wanted.args:
+            item.add_marker(pytest.mark.skip(reason=f"NVRx {version} is series {series}; this test is for {wanted.args}"))
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--expect-nvrx", default=None, metavar="VERSION",
+                     help="stop unless the NVRx Python imports is this version (CI's 0.7.0 pass)")
     parser.addoption("--launch-rendezvous", choices=("nvrx", "resctl"), default=None,
                      help="run every job with this launch.rendezvous (RESCTL_LAUNCH_RENDEZVOUS, set after the "
-                          "isolation below): the multi-node tests against resctl's rendezvous, issue 25")
+                          "isolation below): nvrx runs the multi-node tests against NVRx's own (the opt-out); "
+                          "resctl's is the default (issues 25, 30)")
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Recovery coordination at N simulated nodes (issue 25): the real pieces, threads for nodes.
+"""Recovery coordination at N simulated nodes (issues 25, 30): the real pieces, threads for nodes.
 
     nice -n 10 python -m bench.scale --n 8,64,256,1024 --rdzv-max 256 --out bench/scale/results.json
     nice -n 10 python -m bench.scale --n 8,64,256,1024 --owned replace,known,silent --out bench/scale/results-owned.json
@@ -6,11 +6,12 @@
 
 Phases (see docs/BENCHMARKS.md, "Recovery coordination at scale"):
 
-- rendezvous: NVRx 0.4.1's `FtRendezvousHandler` + `C10dRendezvousBackend`, one per node
-  (bench/scale/rdzv.py): the job's first round, one node lost, the restart round with a replacement
-  (plus the agent's rank-assignment all-gather and master keys).
-- rendezvous, resctl's (`--owned`): `resctl.launch.owned_rdzv`, the same scenario (bench/scale/owned.py),
-  with a replacement node (`replace`), or none and the loss known (`known`) or silent (`silent`).
+- rendezvous, resctl's (the default rendezvous, `launch.rendezvous = "auto"`): `resctl.launch.owned_rdzv`
+  (bench/scale/owned.py): the job's first round, one node lost, the restart round with a replacement
+  node (`replace`), or none and the loss known (`known`) or silent (`silent`); `--owned` runs only these.
+- rendezvous, NVRx 0.4.1's (the opt-out, `launch.rendezvous = "nvrx"`): `FtRendezvousHandler` +
+  `C10dRendezvousBackend`, one per node (bench/scale/rdzv.py), the same scenario with a replacement
+  (plus the agent's rank-assignment all-gather and master keys), up to `--rdzv-max` (O(N^2) work).
 - stop step: `resctl.shim.stopstep` after and before (bench/scale/legacy_stopstep.py) issue 25.
 - load agreement: candidates, common memory steps, buddy address, verdict (bench/scale/coord.py).
 
@@ -73,9 +74,13 @@ def _run(results: dict[str, Any], key: str, n: int, fn: Callable[[], dict[str, A
 AGREE_BEFORE_MAX = 1024
 
 
+#: resctl's rendezvous (the default) in every full run: these variants at every N.
+OWNED_VARIANTS = ("replace", "known", "silent")
+
+
 def measure(ns: list[int], rdzv_max: int, before_max: int, out: Path, coordination: bool = True,
-            repeats: int = 1) -> dict[str, Any]:
-    from bench.scale import coord, rdzv
+            repeats: int = 1, owned_variants: tuple[str, ...] = OWNED_VARIANTS) -> dict[str, Any]:
+    from bench.scale import coord, owned, rdzv
 
     results: dict[str, Any] = {
         "machine": "dev VM (2 cores, shared)", "python": platform.python_version(),
@@ -89,6 +94,9 @@ def measure(ns: list[int], rdzv_max: int, before_max: int, out: Path, coordinati
             _run(results, "agree_after", n, lambda: coord.ckpt_agree(n, "after"))
             if n <= min(before_max, AGREE_BEFORE_MAX):
                 _run(results, "agree_before", n, lambda: coord.ckpt_agree(n, "before"))
+        for variant in owned_variants:  # the default rendezvous
+            _run(results, f"owned_{variant}", n, lambda: owned.scenario(n, variant))
+            out.write_text(json.dumps(results, indent=1))
         _run(results, "rdzv_state", n, lambda: rdzv.state_cost(n))
         if n <= rdzv_max:
             _run(results, "rendezvous", n, lambda: rdzv.scenario(n))
@@ -160,6 +168,10 @@ SERIES = (
     ("resctl rendezvous, restart round (replace), store peak RSS", "owned_replace", "store.rss_peak_mb", "MB"),
     ("resctl rendezvous, survivors that kept their rank (replace)", "owned_replace", "survivors_kept_rank", ""),
     ("resctl rendezvous, monitor poll (num_nodes_waiting: one add)", "owned_replace", "poll_s_p50", "s", False),
+    ("resctl rendezvous, typed state read once (peer stop, spare, preflight wait)", "owned_replace", "state_read_s",
+     "s", False),
+    ("resctl rendezvous, typed state read, store round trips", "owned_replace", "state_read.round_trips", ""),
+    ("resctl rendezvous, typed state read, bytes", "owned_replace", "state_read.bytes", "B"),
     ("stop step, before: signal -> last rank agreed", "stop_before", "wall_s", "s", False),
     ("stop step, after: signal -> last rank agreed", "stop_after", "wall_s", "s", False),
     ("stop step, before: critical path on N machines (estimate)", "stop_before", "critical", "s"),
@@ -229,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rdzv-max", type=int, default=256, help="largest N for NVRx's rendezvous (O(N^2) work)")
     parser.add_argument("--before-max", type=int, default=1024, help="largest N for the pre-issue-25 versions")
     parser.add_argument("--repeats", type=int, default=1, help="stops per size (the median wall time is kept)")
-    parser.add_argument("--rdzv-only", action="store_true", help="only NVRx's rendezvous (up to --rdzv-max)")
-    parser.add_argument("--owned", help="instead: resctl's rendezvous at --n, these variants (replace,known,silent)")
+    parser.add_argument("--rdzv-only", action="store_true", help="only the rendezvous phases (resctl's, then NVRx's "
+                                                                     "up to --rdzv-max)")
+    parser.add_argument("--owned", help="instead: only resctl's rendezvous at --n, these variants (replace,known,silent)")
     parser.add_argument("--out", type=Path, default=Path("bench/scale/results.json"))
     parser.add_argument("--table", type=Path, help="print the tables of a results file and exit")
     parser.add_argument("--gloo", help="instead: load's agreement on real gloo groups in threads at these N "

@@ -64,7 +64,7 @@ class Node:
             self.rdzv_done = time.monotonic()
             outcome = self.handler._outcome
             assert outcome is not None and outcome.size == world
-            sum(outcome.local_world_sizes)  # the role infos, built locally (adapters._owned_rendezvous)
+            sum(outcome.local_world_sizes)  # the role infos, built locally (owned_rdzv.gathered)
             counted = Counting(store, self.ops)
             if rank == 0:
                 counted.set("MASTER_ADDR", b"127.0.0.1")
@@ -126,6 +126,12 @@ def _scenario(host: StoreHost, everyone: list[Node], n: int, variant: str, run_i
     kept = sum(1 for x in survivors if ranks_before.get(id(x)) == x.rank)
     world = {x.rank for x in survivors}
     assert world == set(range(len(survivors))), "every rank once"
+    reader = survivors[0]  # the typed state a peer's stop, a spare or the preflight's wait reads (issue 30)
+    reader.ops.clear()
+    t0 = time.perf_counter()
+    state = reader.handler.state()
+    state_s = time.perf_counter() - t0
+    assert state.size == len(survivors), (state.size, len(survivors))
     return {
         "n": n, "variant": variant, "keep_alive_s": keep_alive, "misses": misses,
         "start_round_s": start_wall, "start_round_cpu_s": start_cpu, "start_round": per_participant(start_ops, n),
@@ -133,6 +139,7 @@ def _scenario(host: StoreHost, everyone: list[Node], n: int, variant: str, run_i
         "restart_round": per_participant(ops, len(survivors)),
         "survivors_kept_rank": kept, "survivors": len(survivors) - (variant == "replace"),
         "poll_s_p50": sorted(polls)[len(polls) // 2],
+        "state_read_s": state_s, "state_read": per_participant(reader.ops, 1),
         "store": sample.__dict__, "t_fault": t_fault,
         "critical_s": sample.cpu_s + cpu / len(survivors) + per_participant(ops, len(survivors))["round_trips"] * 100e-6,
     }

@@ -109,8 +109,9 @@ def load(state: MutableMapping[str, Any]) -> int:
     """Restore the newest valid checkpoint into `state` in place; return its step (0: none)."""
     from resctl.checkpoint import dataposition
 
-    full = dataposition.with_positions(state)
-    step = get().load(full)
+    ck = get()
+    full = dataposition.with_positions(state, ck.events)
+    step = ck.load(full)
     if full is not state:
         dataposition.copy_back(full, state)
     return step
@@ -120,14 +121,16 @@ def save(state: MutableMapping[str, Any], step: int) -> None:
     """Save `state` as `step` now (returns once staged when async)."""
     from resctl.checkpoint import dataposition
 
-    get().save(dataposition.with_positions(state), step)
+    ck = get()
+    ck.save(dataposition.with_positions(state, ck.events), step)
 
 
 def maybe_save(state: MutableMapping[str, Any], step: int) -> bool:
     """Save when `step % interval_steps == 0`; return whether it saved."""
     from resctl.checkpoint import dataposition
 
-    return get().maybe_save(dataposition.with_positions(state), step)
+    ck = get()
+    return ck.maybe_save(dataposition.with_positions(state, ck.events), step)
 
 
 def save_final() -> int | None:

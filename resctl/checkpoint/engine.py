@@ -9,6 +9,7 @@ One `Checkpointer` per process. Its one input is the profile's `[checkpoint]` se
                       files), verify a candidate, quarantine damaged ones;
 - `tiers.MemoryTiers` the memory tier in /dev/shm and the buddy node's copies;
 - `collectives`       what the ranks agree on when they load;
+- `loading`           the disk half of a load: the newest candidate every rank verifies;
 - `rankside`          entries that differ per rank (data positions), one file per rank beside
                       rank 0's checkpoint;
 - `hooks.Hooks`       the driver's seam (the shim): heartbeats, loaded, the final save's gate.
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, MutableMapping
 
 import torch
 
-from resctl.checkpoint import collectives, rankside, sharded
+from resctl.checkpoint import collectives, loading, rankside, sharded
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import settings as settings_mod
 from resctl.checkpoint import state as st
@@ -50,7 +51,6 @@ from resctl.telemetry.events import NULL_LOG, EventLog
 
 if TYPE_CHECKING:
     from resctl.checkpoint.memory import MemoryTier, Snapshot
-    from resctl.checkpoint.reader import Verified
 
 log = logging.getLogger("resctl.checkpoint")
 
@@ -292,7 +292,7 @@ class Checkpointer:
         self._latest = (state, step)
         if self._final is Final.REQUESTED and self.hooks.final_gate(step):
             return self._final_boundary()
-        snap = self.memory.save(state, step) if self.memory.due(step) else None
+        snap = self.memory.at_step(state, step)
         if step % self.settings.interval_steps == 0:
             self.save(state, step, snapshot=snap)
             return True
@@ -487,40 +487,12 @@ class Checkpointer:
         return step
 
     def _load_disk(self, state: MutableMapping[str, Any], candidates: list[tuple[int, Path]], distributed: bool) -> int:
-        for step, path in candidates:
-            verified, verdict, problem = self.disk.verify(path, step, state, self.rank, self.world_size)
-            if verified is not None and verified.entries is not None:
-                verdict, problem = self._own_entries(verified, state)
-            if distributed:
-                verdict = collectives.min_over_ranks(verdict)
-            if verdict == collectives.MISMATCH:
-                raise problem if isinstance(problem, CheckpointMismatch) else CheckpointMismatch(
-                    f"checkpoint step {step} in {self.dir} does not fit the state on another rank (see that rank's log)")
-            if verdict == collectives.SKIP or verified is None:
-                self.disk.reject(step, path, problem)
-                continue
-            if verified.manifest.kind == "dcp":
-                sharded.load_into(path, verified.meta, state)
-            else:
-                st.restore(state, verified.entries or {}, list(verified.meta["stateful"]))
-            self._resumed(verified.step, verified.manifest.run_id, verified.path)
-            return step
-        return 0
-
-    def _own_entries(self, verified: Verified, state: MutableMapping[str, Any]) -> tuple[int, Exception | None]:
-        """Put this rank's own per-rank entries of a verified plain checkpoint in place of rank 0's
-        (`rankside.take`); the verdict is SKIP when this rank's are damaged or missing."""
-        names = [n for n in rankside.names(state) if n in (verified.entries or {})]
-        if not names or not self.rank:
-            return collectives.OK, None
-        try:
-            own = rankside.take(self.dir, self.rank, verified.step, world_size=self.world_size,
-                                manifest=verified.manifest)
-        except (rankside.RankEntriesDamaged, rankside.RankEntriesMissing) as err:
-            return collectives.SKIP, err
-        if own is not None:
-            verified.entries.update({n: own[n] for n in names if n in own})  # type: ignore[union-attr]
-        return collectives.OK, None
+        found = loading.from_disk(self.disk, state, candidates, distributed, self.rank, self.world_size)
+        if found is None:
+            return 0
+        step, verified = found
+        self._resumed(verified.step, verified.manifest.run_id, verified.path)
+        return step
 
     def _resumed(self, step: int, other: str, path: Path) -> None:
         self.writes.last_saved_step = step

@@ -60,14 +60,10 @@ _PLAIN = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.
 _installed: tuple[Callable[..., Any], Callable[..., Any], str, WriteQueue] | None = None
 
 
-def install(glob: str, queue: WriteQueue | None = None) -> None:
-    """Patch torch.save/torch.load for paths matching `glob`, writing through `queue` (default:
-    the default checkpointer's, `resctl.checkpoint.get().writes`)."""
+def install(glob: str, queue: WriteQueue) -> None:
+    """Patch torch.save/torch.load for paths matching `glob`, writing through `queue` (the
+    checkpointer's `writes`, handed in by whoever installs: the shim, a test)."""
     global _installed
-    if queue is None:
-        import resctl.checkpoint as api
-
-        queue = api.get().writes
     if _installed is not None:
         uninstall()
     orig_save, orig_load = torch.save, torch.load

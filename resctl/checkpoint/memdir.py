@@ -8,7 +8,7 @@ but not the node)::
                                     <launch>: `p<pid>-<random>` of the `resctl run` that started the
                                     job on this node (RESCTL_SHM_LAUNCH, handed to its workers, which
                                     a restarted worker inherits); without resctl run, no suffix
-      rank-<R>/slot-0/ slot-1/      the slots (resctl.checkpoint.slots): checkpoint directories in the disk format (data-0.bin,
+      rank-<R>/slot-0/ slot-1/      the slots (resctl.slots): checkpoint directories in the disk format (data-0.bin,
                                     meta.pt, manifest.json written last), see resctl.checkpoint.memory
       replica/rank-<R>/slot-0|1/    the buddy copies of another node's ranks, kept by this node's
                                     replica server (resctl.checkpoint.replica), same format
@@ -40,14 +40,15 @@ import shutil
 import stat
 from pathlib import Path
 
-from resctl.checkpoint import slots
+from resctl import slots
 from resctl.checkpoint.errors import CheckpointError
+from resctl.profile import contract
 
-SHM_ENV = "RESCTL_SHM_DIR"
-LAUNCH_ENV = "RESCTL_SHM_LAUNCH"  # set by `resctl run` for its workers: this launch's suffix
+SHM_ENV = contract.SHM_DIR
+LAUNCH_ENV = contract.SHM_LAUNCH  # set by `resctl run` for its workers: this launch's suffix
 DEFAULT_ROOT = "/dev/shm"
 PREFIX = "resctl-"
-SLOTS = slots.SLOTS  # how many, and which is next: resctl.checkpoint.slots
+SLOTS = slots.SLOTS  # how many, and which is next: resctl.slots
 
 
 class MemoryDirUnsafe(CheckpointError):

@@ -49,10 +49,10 @@ from resctl.checkpoint.crc import CHECKSUM, checksum, checksum_of
 from resctl.checkpoint.errors import CheckpointMismatch
 from resctl.checkpoint.replica import Replicator
 from resctl.checkpoint.replica_wire import WireError
+from resctl.checkpoint.shmslot import DATA, Slot, bytes_of, map_snapshot, release_pages, unmap
 from resctl.telemetry.events import NULL_LOG, EventLog
 
 log = logging.getLogger("resctl.checkpoint.memory")
-DATA = "data-0.bin"
 THREADS = max(1, min(8, os.cpu_count() or 1))
 
 #: The engine's `_stage`: (tensors, total, buffer or None for its own arena, layout) -> staged bytes.
@@ -88,102 +88,6 @@ class Verified:
     staged: list[torch.Tensor] | None = None
 
 
-class _Slot:
-    """One slot's directory and the writable mapping of its data file (kept between saves)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._map: mmap.mmap | None = None
-        self._view: torch.Tensor | None = None
-        self._size = -1
-        self._pinned = False
-
-    def manifest(self) -> fmt.Manifest | None:
-        try:
-            return fmt.read_manifest(self.path / fmt.MANIFEST)
-        except fmt.CorruptCheckpoint:
-            return None
-
-    def ready(self, total: int, pin: bool) -> bool:
-        """Mapped for `total` bytes (and registered with CUDA if `pin`) already."""
-        return self._view is not None and self._size == total and (self._pinned or not pin or total == 0)
-
-    def invalidate(self) -> None:
-        """Remove the manifest: from now on the slot is incomplete (never offered to a load)."""
-        try:
-            os.unlink(self.path / fmt.MANIFEST)
-        except FileNotFoundError:
-            pass
-
-    def buffer(self, total: int, pin: bool = False) -> torch.Tensor:
-        """The data file mapped as `total` writable bytes (preallocated: a full /dev/shm raises
-        OSError here instead of killing the process with SIGBUS on a write into the mapping);
-        `pin`: registered with CUDA as page-locked memory (device copies at full speed)."""
-        if self._view is not None and self._size == total:
-            if pin and not self._pinned:
-                self._register()
-            return self._view
-        self.close()
-        memdir.ensure_private(self.path)  # 0700 and this user's, or refused: never another user's link
-        fd = os.open(self.path / DATA, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            if os.fstat(fd).st_size != total:
-                os.ftruncate(fd, 0)
-                if total:
-                    os.posix_fallocate(fd, 0, total)
-            length = max(total, 1)
-            if total == 0:
-                os.ftruncate(fd, 1)  # mmap cannot map an empty file
-            self._map = _map_shared(fd, length)
-        finally:
-            os.close(fd)
-        if total == 0:
-            os.truncate(self.path / DATA, 0)
-            self._map.close()
-            self._map = None
-            self._view = torch.empty(0, dtype=torch.uint8)
-        else:
-            self._view = torch.frombuffer(self._map, dtype=torch.uint8)
-        self._size = total
-        if pin and total:
-            self._register()
-        return self._view
-
-    def _register(self) -> None:
-        """cudaHostRegister the mapping (once); without it a device-to-host copy into it runs at
-        pageable speed. Failing to register only costs speed."""
-        assert self._view is not None
-        err = torch.cuda.cudart().cudaHostRegister(self._view.data_ptr(), self._view.numel(), 0)
-        if int(err) != 0:
-            log.warning("could not register the memory-tier slot %s with CUDA (error %s): device copies run at "
-                        "pageable-memory speed", self.path, err)
-            return
-        self._pinned = True
-
-    def detach(self) -> None:
-        """The live state now uses this slot's pages (a zero-copy restore): remove the files, so
-        the next snapshot here makes a new one, and drop this process's old mapping of them."""
-        self.invalidate()
-        try:
-            os.unlink(self.path / DATA)
-        except FileNotFoundError:
-            pass
-        self.close()
-
-    def close(self) -> None:
-        if self._pinned and self._view is not None:
-            torch.cuda.cudart().cudaHostUnregister(self._view.data_ptr())
-        self._pinned = False
-        self._view = None
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view is still exported (a disk write in flight): the GC closes it
-                pass
-            self._map = None
-        self._size = -1
-
-
 class MemoryTier:
     """One rank's two slots in host shared memory (see the module docstring)."""
 
@@ -195,7 +99,7 @@ class MemoryTier:
         self.root = root
         self.dir = memdir.rank_dir(key, rank, root)
         self.events = events if events is not None else NULL_LOG
-        self._slots = [_Slot(self.dir / f"slot-{k}") for k in range(slots.SLOTS)]
+        self._slots = [Slot(self.dir / f"slot-{k}") for k in range(slots.SLOTS)]
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="resctl-mem")
         self._crc_pool = ThreadPoolExecutor(THREADS, thread_name_prefix="resctl-mem-crc")
         self._commit: Future[None] | None = None  # the newest commit (commits run one at a time, in order)
@@ -205,6 +109,7 @@ class MemoryTier:
         self._pins: slots.Claims[Future[Any]] = slots.Claims()  # readers of a slot (disk writes, refills)
         self._last: int | None = None  # the slot written last (the next snapshot goes to the other)
         self._gate: Any = None  # the forward pre-hook holding the next step until the commit lands
+        self._held = 0.0  # seconds forwards were held since the last snapshot (`hold_if_committing`)
         self._stream: Any = None  # CUDA stream of the background device-to-host copies
         #: Why the tier was turned off in this process (a failed snapshot), or None.
         self.disabled: str | None = None
@@ -239,7 +144,8 @@ class MemoryTier:
         k = self._choose()
         if not device_staged:
             self._wait_pin(k)
-        waited = time.monotonic() - t0
+        held, self._held = self._held, 0.0
+        waited = time.monotonic() - t0 + held
         specs, total = fmt.plan_stream(tensors)
         slot = self._slots[k]
         self._last = k
@@ -253,26 +159,29 @@ class MemoryTier:
         device = staged if device_staged else None
         if device is not None:
             self._arena_free.clear()
-        snap.ready = self._commit = self._exec.submit(self._commit_slot, snap, device, staged_at, staged_at - t0, waited)
-        self._gate_next_forward(snap.ready)
+        snap.ready = self._commit = self._exec.submit(self._commit_slot, snap, device, staged_at,
+                                                      staged_at - t0 + held, waited)
         self.warm(total, cuda)  # the other slot, before the next snapshot needs it
         return snap, waited
 
-    def _gate_next_forward(self, commit: Future[None]) -> None:
-        """The next forward pass (of any module) waits until this snapshot is committed.
+    def hold_if_committing(self) -> bool:
+        """Back-pressure: the next forward pass (of any module) waits until the newest snapshot is
+        committed, if it is not yet; return whether a hold was placed. The engine calls it at the
+        end of the step before each snapshot step (`tiers.MemoryTiers.at_step`), so the hold falls
+        on the forward of the step that ends in the next snapshot, and only when the commit has
+        spanned every step since its snapshot.
 
-        Commits are asynchronous and each rank's finishes on its own time, so without this a rank
-        could finish step s+1 (its collective met a peer that was still checksumming step s) while
-        the peer, killed now, held only the snapshot before s: a rollback beyond `memory_every` = m
-        (up to 2m-1 with the hold placed only before the step that ends in the next snapshot), and
-        with no hold at all no step every rank holds (issue 27). A rank that has not committed s
-        does not start step s+1, so no rank can finish s+1 before every rank holds s: a kill at any
-        moment leaves a step every rank holds at most m behind the newest step reached.
-        It waits only for what is left of the commit when the next forward starts (nothing, when
-        the commit is shorter than what runs in between: the rest of the step's bookkeeping, the
-        data loader); a loop with no `nn.Module` forward is not held. A third slot would not do:
-        the bound is about how many steps a commit may span, not how many snapshots are kept
-        (docs/checkpoint.md, "A common step after any kill")."""
+        Commits are asynchronous and each rank's finishes on its own time. A rank that has not
+        committed s does not start step s+m (m = `memory_every`), so no rank can finish s+m (and
+        invalidate the slot holding s-m for s+m's snapshot) before every rank holds s: two slots
+        always leave a step every rank holds (issue 27). A kill at any moment rolls back at most
+        m + c steps, c the steps a commit spans, capped at m - 1 by the hold: at most m + 1 with
+        commits shorter than a step, 2m - 1 at worst, m at m = 1 (docs/checkpoint.md, "A common
+        step after any kill"). A loop with no `nn.Module` forward is not held. The seconds held
+        are counted in the next snapshot's `ckpt_mem` (`waited` and `seconds`): its true cost."""
+        commit = self._commit
+        if commit is None or commit.done():
+            return False
         if self._gate is not None:
             self._gate.remove()
 
@@ -280,9 +189,12 @@ class MemoryTier:
             handle.remove()
             if self._gate is handle:
                 self._gate = None
+            t0 = time.monotonic()
             wait_futures([commit])  # its error, if any, is the engine's to report (`wait`)
+            self._held += time.monotonic() - t0
 
         handle = self._gate = torch.nn.modules.module.register_module_forward_pre_hook(gate)
+        return True
 
     def _wait_pin(self, k: int) -> None:
         pin = self._pins.release(k)
@@ -444,13 +356,13 @@ class MemoryTier:
         problems = reader.fit_problems(meta["entries"], manifest.tensors, current)
         if problems:
             raise CheckpointMismatch(f"memory snapshot step {step} does not fit the state: " + "; ".join(problems[:5]))
-        data = _map_snapshot(path / DATA, manifest.stream_bytes)
+        data = map_snapshot(path / DATA, manifest.stream_bytes)
         devices = _upload_devices(meta["entries"], manifest.tensors, current)
         staged: list[torch.Tensor] | None = None
         if data is None:
             got = checksum(b"")
         elif devices is not None:
-            got, staged = upload.upload(_bytes_of(data), manifest.tensors, devices, pool=self._crc_pool, threads=THREADS)
+            got, staged = upload.upload(bytes_of(data), manifest.tensors, devices, pool=self._crc_pool, threads=THREADS)
         else:
             got = checksum_of(memoryview(data), self._crc_pool)
         if got != manifest.files[DATA].crc32:
@@ -476,14 +388,14 @@ class MemoryTier:
             st.restore(state, st.unflatten(v.meta["entries"], v.staged), list(v.meta["stateful"]))
             self._last = v.slot
             if v.data is not None:
-                self._exec.submit(_unmap, v.data)  # unmapping GBs of populated pages takes a while
+                self._exec.submit(unmap, v.data)  # unmapping GBs of populated pages takes a while
             self.warm(v.manifest.stream_bytes, next((t.device for t in v.staged if t.is_cuda), None))
             return
         current, _ = st.snapshot_entries(state)
         targets: dict[int, torch.Tensor] = {}
         _pair(v.meta["entries"], current, targets)
         home = _home_device(current)
-        src = _bytes_of(v.data)
+        src = bytes_of(v.data)
         tensors: list[torch.Tensor] = []
         copied: list[fmt.TensorSpec] = []
         for i, spec in enumerate(v.manifest.tensors):
@@ -513,7 +425,7 @@ class MemoryTier:
             self._pins.claim(v.slot, self._exec.submit(self._refill, v.slot, v.data, copied, v.manifest.stream_bytes))
 
     def _refill(self, slot: int, data: mmap.mmap | None, copied: list[fmt.TensorSpec], total: int) -> None:
-        _release_pages(data, copied)
+        release_pages(data, copied)
         self._slots[slot].buffer(total)
 
     def forget_newer(self, step: int) -> None:
@@ -604,45 +516,6 @@ class MemoryTier:
         memdir.release_rank(self.key, self.rank, self.root)
 
 
-def _map_shared(fd: int, size: int) -> mmap.mmap:
-    # MAP_POPULATE: the page tables in one pass, not one fault per 4 KiB page (~5x faster here).
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-
-
-def _map_snapshot(path: Path, size: int) -> mmap.mmap | None:
-    """A slot's data file mapped writable (a zero-copy restore hands its pages to the state).
-    Not populated: the parallel checksum threads fault the pages in, each its own part (measured
-    here: 0.11-0.16 s for 1 GiB against 0.17-0.19 s populating first)."""
-    if size == 0:
-        return None
-    fd = os.open(path, os.O_RDWR)
-    try:
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-
-
-def _release_pages(data: mmap.mmap | None, specs: list[fmt.TensorSpec]) -> None:
-    """Give back the shared pages of tensors that were copied out (the file is already unlinked)."""
-    remove = getattr(mmap, "MADV_REMOVE", None)
-    if data is None or remove is None:
-        return
-    page = mmap.PAGESIZE
-    for spec in specs:
-        lo = -(-spec.offset // page) * page
-        hi = (spec.offset + spec.nbytes) // page * page
-        if hi > lo:
-            try:
-                data.madvise(remove, lo, hi - lo)
-            except OSError:
-                return
-
-
-def _bytes_of(data: mmap.mmap | None) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8) if data is None else torch.frombuffer(data, dtype=torch.uint8)
-
-
 def _pair(saved: Any, current: Any, out: dict[int, torch.Tensor]) -> None:
     """Map each tensor placeholder of a saved structure to the state's tensor at the same place."""
     if st.is_placeholder(saved):
@@ -699,10 +572,3 @@ def _upload_devices(saved: Any, specs: tuple[fmt.TensorSpec, ...], current: Mapp
                      "verifying first, then copying", free / 1e9, d, nbytes / 1e9)
             return None
     return devices
-
-
-def _unmap(data: mmap.mmap) -> None:
-    try:
-        data.close()
-    except BufferError:  # a view of it is still alive: the GC unmaps it with the view
-        pass

@@ -45,8 +45,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from resctl import slots as slot_policy
 from resctl.checkpoint import memdir
-from resctl.checkpoint import slots as slot_policy
 from resctl.checkpoint.replica_wire import (
     ERR,
     FORGET,
@@ -71,11 +71,12 @@ from resctl.checkpoint.replica_wire import (
     send_payload,
     slot_payload,
 )
+from resctl.profile import contract
 
 log = logging.getLogger("resctl.checkpoint.replica")
 
-ADDR_ENV = "RESCTL_REPLICA_ADDR"  # host:port of this node's replica server (set by resctl run)
-HOST_ENV = "RESCTL_REPLICA_HOST"  # the host to advertise instead of the one found by routing
+ADDR_ENV = contract.REPLICA_ADDR  # host:port of this node's replica server (set by resctl run)
+HOST_ENV = contract.REPLICA_HOST  # the host to advertise instead of the one found by routing
 CONNECT_TIMEOUT = 5.0
 TIMEOUT = 60.0  # seconds without progress on an established transfer
 MAX_RANK = 1 << 24

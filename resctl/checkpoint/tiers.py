@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, MutableMapping
 
 import torch
 
-from resctl.checkpoint import agree, collectives, memdir, replica, slots
+from resctl import slots
+from resctl.checkpoint import agree, collectives, memdir, replica
 from resctl.checkpoint import state as st
 from resctl.checkpoint.staging import Staging
 from resctl.telemetry.events import EventLog
@@ -53,6 +54,15 @@ class MemoryTiers:
 
     def due(self, step: int) -> bool:
         return bool(self.every) and step % self.every == 0
+
+    def at_step(self, state: MutableMapping[str, Any], step: int) -> Snapshot | None:
+        """The end of step `step`: snapshot if it is due, then, if the next step ends in a
+        snapshot and the newest commit is still in flight, hold that step's forward until it
+        lands (back-pressure, `MemoryTier.hold_if_committing`: the only wait a commit causes)."""
+        snap = self.save(state, step) if self.due(step) else None
+        if self.due(step + 1) and self._memory is not None and self.off is None:
+            self._memory.hold_if_committing()
+        return snap
 
     def tier(self) -> MemoryTier | None:
         """This rank's memory tier (created on first use), or None when off or turned off."""

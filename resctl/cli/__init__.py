@@ -17,6 +17,7 @@ import typer.core
 
 from resctl import __version__
 from resctl.cli import doctor_cmd, profile_cmd, report_cmd, run_cmd, tune_cmd
+from resctl.profile import contract
 
 app = typer.Typer(
     name="resctl",
@@ -102,7 +103,7 @@ INTERNAL = "internal error (a bug in resctl):"
 def main() -> None:
     from resctl.errors import EXIT_FAILURE, EXIT_USAGE, ResctlError
 
-    debug = os.environ.get("RESCTL_DEBUG") == "1"
+    debug = os.environ.get(contract.DEBUG) == "1"
     try:
         command()(prog_name="resctl")
     except ResctlError as err:

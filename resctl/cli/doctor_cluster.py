@@ -40,8 +40,9 @@ def preflight(resolved: Any, rdzv: Any, run_dir: Any = None,
     out (said on stderr). Shown first: under Slurm a requeue may end this process before it returns."""
     from resctl.cli.render import err_console
     from resctl.health import cluster
+    from resctl.launch.preflight_config import config_for
 
-    cfg = cluster.config_for(resolved.profile, rdzv)
+    cfg = config_for(resolved.profile, rdzv)
     rank, verdict = cluster.run(cfg)
     show(rank, verdict)
     cluster.keep_out(cfg, verdict, resolved.profile.health.keep_out, run_dir,
@@ -64,12 +65,20 @@ def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
                               show=lambda rank, verdict: render(err_console, verdict, rank))
     if verdict.action == "fail":
         return EXIT_FAILURE
-    if verdict.action == "spare":  # NVRx's rendezvous keeps it on its redundancy list once the tested nodes train
+    if verdict.action == "spare":  # the rendezvous keeps it as a spare once the tested nodes train
         from resctl.launch import spares
+        from resctl.launch.rdzv_rounds import IMPL_ENV
 
         timeout = float(resolved.profile.health.preflight_timeout)
-        if not spares.wait_for_full_round(launch_plan.rendezvous.endpoint, launch_plan.rendezvous.run_id,
-                                          len(verdict.members), timeout):
+        kind = "resctl" if launch_plan.env.get(IMPL_ENV) == "resctl" else "nvrx"
+        try:
+            full = spares.wait_for_full_round(launch_plan.rendezvous.endpoint, launch_plan.rendezvous.run_id,
+                                              len(verdict.members), timeout, rendezvous=kind)
+        except spares.UnreadableRendezvous as err:
+            err_console.print(f"resctl: this node came to a full job and would wait as its spare, but {err}; "
+                              f"exit {EXIT_FAILURE}", markup=False, highlight=False)
+            return EXIT_FAILURE
+        if not full:
             err_console.print(f"resctl: the tested nodes did not start training within {timeout:g} s "
                               f"(health.preflight_timeout): no job to be a spare of; exit {EXIT_FAILURE}")
             return EXIT_FAILURE

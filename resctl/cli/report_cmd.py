@@ -43,12 +43,21 @@ def load_analysis(run_dir: Path) -> Any:
                                   ref=reference_rank(ranks))
         analysis.damaged_lines = stats.damaged
         analysis.rank_steps = per_rank.rows()  # type: ignore[attr-defined]  # report's own addition
+        analysis.crash_loop_guard = _guard(run_dir, plan)  # type: ignore[attr-defined]  # report's own addition
         return analysis
     except OSError as err:
         raise UsageError(f"{run_dir}: cannot read the events: {err}") from None
     except ValueError as err:
         detail = f"; {stats.damaged} damaged line(s) skipped, e.g. {stats.examples[0]}" if stats.damaged else ""
         raise UsageError(f"{run_dir}: {err}{detail}; the events must follow docs/events.md") from None
+
+
+def _guard(run_dir: Path, plan: Any) -> str:
+    from resctl.profile.contract import health_limits, read_fatal
+    from resctl.telemetry.report_rows import crash_loop_guard
+
+    limit = health_limits(plan).no_progress_cycles if isinstance(plan, dict) else None
+    return crash_loop_guard(limit, read_fatal(run_dir))
 
 
 def report(
@@ -72,7 +81,8 @@ def report(
         except OSError as err:
             raise UsageError(f"--html {html}: cannot write it: {err}") from None
     if as_json:
-        typer.echo(json.dumps({**analysis.to_json(), "rank_steps": analysis.rank_steps}, indent=2))
+        typer.echo(json.dumps({**analysis.to_json(), "rank_steps": analysis.rank_steps,
+                               "crash_loop_guard": analysis.crash_loop_guard}, indent=2))
     else:
         _render(analysis)
         from resctl.cli.report_ranks import render_ranks

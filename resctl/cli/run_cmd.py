@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from resctl.cli import torchrun_flags
+from resctl.profile import contract
 
 EPILOG = (
     "Examples: resctl run --nproc-per-node 2 train.py --epochs 3  |  "
@@ -45,7 +46,7 @@ def run(
     flags_layer = Layer("flags")
     flags_layer.values, flags_layer.labels = torchrun_flags.layer(typed)
     if verbose:
-        os.environ["RESCTL_VERBOSE"] = "1"
+        os.environ[contract.VERBOSE] = "1"
     if module and no_python:
         raise UsageError("--module and --no-python cannot be used together (as with torchrun)")
     if not module and not no_python and not Path(script).is_file():

@@ -19,9 +19,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:  # the CLI imports its library lazily (`--help` stays fast)
+    from resctl.telemetry.goodput import RunAnalysis
+    from resctl.tuning.advise import Advice
+    from resctl.tuning.inputs import MemoryAssembled
+    from resctl.tuning.model import Recommendation
+    from resctl.tuning.two_tier import TwoTierPlan
 
 EPILOG = (
     "Examples: resctl tune-interval --from-run resctl-runs/abc --mtbf 24h --nodes 16  |  "
@@ -100,8 +107,8 @@ def tune_interval(
     checkpoint.interval_steps (and memory_every) from measured step, stall, write, snapshot and restart times.
     """
     from resctl.errors import UsageError
-    from resctl.tuning.inputs import Inputs, MemoryInputs, MissingInput, assemble
-    from resctl.tuning.model import recommend
+    from resctl.tuning.advise import advise
+    from resctl.tuning.inputs import Inputs, MemoryInputs, MissingInput
 
     if as_json and as_toml:
         raise UsageError("--json and --toml both print on stdout: give one")
@@ -126,17 +133,20 @@ def tune_interval(
         if value == 0:
             raise UsageError(f"{flag} must be > 0 (a mean time between failures, e.g. 24h)")
     try:
-        assembled = assemble(given, calibration)
-        rec = recommend(assembled.costs, assembled.current, assembled.mode)
-        two, mem, why_not = _two_tier(given_mem, calibration, assembled, nodes, budget)
-        now = _current(two, mem, rec, assembled, budget)
+        advice = advise(given, given_mem, calibration, budget)
     except MissingInput as err:
         raise UsageError(str(err)) from None
     except ValueError as err:
         raise UsageError(f"cannot model this job: {err}") from None
+    _show(advice, as_json, as_toml, from_run, write_profile)
 
-    values = {"interval_steps": rec.interval_steps} if two is None else \
-        {"interval_steps": two.interval_steps, "memory_every": two.memory_every}
+
+def _show(advice: Advice, as_json: bool, as_toml: bool, from_run: Path | None, write_profile: Path | None) -> None:
+    """Write the profile when asked, then render the advice (stdout: data; stderr: talk)."""
+    from resctl.cli.render import info
+    from resctl.errors import UsageError
+
+    values, two, mem, rec, why_not = advice.values, advice.two_tier, advice.memory, advice.recommendation, advice.skipped
     wrote = None
     if write_profile is not None:
         from resctl.tuning.profile_edit import ProfileEditError, write_keys
@@ -146,63 +156,27 @@ def tune_interval(
         except (ProfileEditError, OSError) as err:
             raise UsageError(f"{write_profile}: cannot update {', '.join('checkpoint.' + k for k in values)}: {err}") from None
 
-    sources = {**assembled.sources, **(mem.sources if mem else {})}
     if as_json:
-        doc: dict[str, Any] = {"recommendation": rec.to_json(), "two_tier": two.to_json() if two else None,
-                               "two_tier_current": now if isinstance(now, str) or now is None else now.to_json(),
-                               "two_tier_skipped": why_not, "mtbf_assumption": mem.assumption if mem else None,
-                               "profile": values, "sources": sources, "run": str(from_run) if from_run else None,
+        doc: dict[str, Any] = {**advice.to_json(), "run": str(from_run) if from_run else None,
                                "profile_written": str(write_profile) if wrote else None}
         typer.echo(json.dumps(doc, indent=2))
     elif as_toml:
         typer.echo(_toml(values, two, why_not), nl=False)
     elif two is not None and mem is not None:
-        _render_inputs(rec, sources, mem)
-        _render_two(two, rec, mem, now)
+        _render_inputs(rec, advice.sources, mem)
+        _render_two(two, rec, mem, advice.current)
     else:
-        _render(rec, assembled.sources)
-    from resctl.cli.render import info
-
+        _render(rec, advice.assembled.sources)
     if why_not and not as_json:
         info(f"memory tier not planned: {why_not}", style="yellow")
-    for warning in rec.warnings + (two.warnings if two else []):
+    for warning in advice.warnings:
         info(f"warning: {warning}", style="bold yellow")
     if write_profile is not None:
         info(f"{write_profile}: " + ", ".join(f"checkpoint.{k} = {v}" for k, v in values.items())
              + ("" if wrote else " (already)"))
 
 
-def _two_tier(given: Any, calibration: Any, assembled: Any, nodes: int, budget: float) -> tuple[Any, Any, str | None]:
-    """(plan, its inputs, None) or (None, None, why the memory tier is not planned)."""
-    from resctl.tuning.inputs import assemble_memory
-    from resctl.tuning.two_tier import plan
-
-    mem = assemble_memory(given, calibration, assembled, nodes)
-    if isinstance(mem, str):
-        return None, None, mem
-    two = plan(mem.memory, assembled.costs, process_mtbf=mem.process_mtbf, node_mtbf=mem.node_mtbf,
-               mode=assembled.mode, max_overhead=budget)
-    return two, mem, None
-
-
-def _current(two: Any, mem: Any, rec: Any, assembled: Any, budget: float) -> Any:
-    """The job's current (memory_every, interval_steps) assessed like the plan; a sentence when it
-    cannot be (not a multiple); None without both numbers or without a plan."""
-    from dataclasses import replace
-
-    from resctl.tuning.two_tier import assess
-
-    if two is None or mem is None or mem.current is None or rec.current is None:
-        return None
-    m, n = mem.current, rec.current.interval_steps
-    if n < m or n % m:
-        return (f"interval_steps {n} is not a multiple of memory_every {m}: disk saves at other steps copy the "
-                "state again (not modelled)")
-    return assess(m, n, mem.memory, replace(assembled.costs, mtbf=mem.node_mtbf), process_mtbf=mem.process_mtbf,
-                  mode=assembled.mode, max_overhead=budget)
-
-
-def _toml(values: dict[str, int], two: Any, why_not: str | None) -> str:
+def _toml(values: dict[str, int], two: TwoTierPlan | None, why_not: str | None) -> str:
     if two is None:
         head = f"# resctl tune-interval: disk checkpoints only ({why_not})"
     else:
@@ -211,7 +185,7 @@ def _toml(values: dict[str, int], two: Any, why_not: str | None) -> str:
     return "\n".join([head, "[checkpoint]", *(f"{k} = {v}" for k, v in values.items())]) + "\n"
 
 
-def _load_run(path: Path) -> Any:
+def _load_run(path: Path) -> RunAnalysis:
     from resctl.cli.report_cmd import load_analysis
 
     return load_analysis(path)
@@ -229,7 +203,7 @@ def _secs(value: float) -> str:
     return f"{value * 1000:.3g}ms"
 
 
-def _render_inputs(rec: Any, sources: dict[str, str], mem: Any = None) -> None:
+def _render_inputs(rec: Recommendation, sources: dict[str, str], mem: MemoryAssembled | None = None) -> None:
     from rich.table import Table
 
     from resctl.cli.render import out_console
@@ -271,7 +245,7 @@ _DISK_WHY = {
 }
 
 
-def _render_two(two: Any, rec: Any, mem: Any, now: Any) -> None:
+def _render_two(two: TwoTierPlan, rec: Recommendation, mem: MemoryAssembled, now: TwoTierPlan | str | None) -> None:
     from resctl.cli.render import out_console
 
     t = rec.costs.step_time
@@ -302,7 +276,7 @@ def _render_two(two: Any, rec: Any, mem: Any, now: Any) -> None:
     out_console.print("\n".join(lines))
 
 
-def _render(rec: Any, sources: dict[str, str]) -> None:
+def _render(rec: Recommendation, sources: dict[str, str]) -> None:
     from rich.table import Table
 
     from resctl.cli.render import out_console

@@ -20,6 +20,7 @@ from resctl.doctor import clock, dns, efa, env, gpu, grace, memlock, memory, nvl
 from resctl.doctor.context import Context
 from resctl.doctor.result import Check, ProbeResult, Report, Skip, Status
 from resctl.errors import UsageError
+from resctl.profile import contract
 
 #: Multiplier of doctor.timeout for heavy probes.
 HEAVY_TIMEOUT = 6.0
@@ -83,7 +84,7 @@ def _run_one(probe: Probe, ctx: Context, timeout: float) -> ProbeResult:
         except Exception as err:  # noqa: BLE001 - a probe bug must not take the doctor down; it is not a pass either
             box["checks"] = [Check("-", Status.FAIL, f"probe error: {type(err).__name__}: {err}", fix=
                                    "rerun with RESCTL_DEBUG=1 for the traceback and report it")]
-            if view.env.get("RESCTL_DEBUG") == "1":
+            if view.env.get(contract.DEBUG) == "1":
                 traceback.print_exc()
 
     t0 = time.monotonic()

@@ -5,7 +5,7 @@ Verdicts:
   size   FAIL /dev/shm missing or smaller than doctor.min_shm_gb.
   free   WARN less free than doctor.min_shm_gb (something already fills it).
   memory_tier  (only with checkpoint.memory_every > 0) FAIL /dev/shm smaller than the memory tier
-         needs: `slots.shm_factor` x doctor.checkpoint_size_gb (resctl.checkpoint.slots: the snapshot
+         needs: `slots.shm_factor` x doctor.checkpoint_size_gb (resctl.slots: the snapshot
          slots per rank, the restored state in shared pages after a restore and, with the buddy
          copies (checkpoint.memory_replicate and more than one node), another node's slots);
          WARN less free than that, or no doctor.checkpoint_size_gb to check against.
@@ -13,10 +13,9 @@ Verdicts:
 
 from __future__ import annotations
 
-from resctl.checkpoint import slots
+from resctl import slots
 from resctl.doctor.context import Context, Space
 from resctl.doctor.result import Check, Status, gb
-from resctl.profile.schema import nnodes_range
 
 FIX = ('mount a bigger /dev/shm: Kubernetes `emptyDir: {medium: Memory, sizeLimit: 64Gi}` at /dev/shm, '
        'docker --shm-size=64g')
@@ -48,7 +47,7 @@ def memory_tier(ctx: Context, space: Space) -> Check:
         return Check("memory_tier", Status.WARN, "checkpoint.memory_every is on but the state size is unknown", None,
                      None, "GB", "set doctor.checkpoint_size_gb (the per-node state) to check /dev/shm against it")
     ck = ctx.profile.checkpoint
-    buddy = ck.memory_replicate and nnodes_range(ctx.profile.launch.nnodes)[1] > 1
+    buddy = ck.memory_replicate and ctx.profile.launch.node_range.max > 1
     factor = slots.shm_factor(buddy)
     need = factor * size
     total, free = space.total / 1e9, space.free / 1e9

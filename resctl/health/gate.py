@@ -17,7 +17,6 @@ the first to fault); when they were this node's `node_fault_limit` times, this n
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections.abc import Iterable
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from resctl.health.progress import NoProgress, ProgressTracker
+from resctl.profile import contract
 from resctl.telemetry.events import parse_line, rank_files
 
 SCAN_BYTES = 1 << 20  # of each file's new lines: its end (the cycle's last steps, its faults and ends)
@@ -142,24 +142,19 @@ def _gate() -> Gate | None:
     """The launcher's gate, from the plan its environment names (None: both limits off)."""
     if not _GATE:
         gate = None
-        run_dir, plan = os.environ.get("RESCTL_RUN_DIR"), os.environ.get("RESCTL_PLAN")
-        if run_dir and plan:
-            try:
-                health = json.loads(Path(plan).read_text(encoding="utf-8"))["profile"].get("health", {})
-                limit, faults = int(health.get("no_progress_cycles", 0)), int(health.get("node_fault_limit", 0))
-                keep_out = str(health.get("keep_out", "off"))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                limit, faults, keep_out = 0, 0, "off"
-            if limit > 0 or faults > 0:
-                gate = Gate(Path(run_dir), limit, faults, keep_out)
+        handed = contract.Handed.of()
+        if handed.run_dir is not None and handed.plan is not None:
+            limits = contract.health_limits(contract.read_plan(handed.plan))
+            if limits.no_progress_cycles > 0 or limits.node_fault_limit > 0:
+                gate = Gate(handed.run_dir, limits.no_progress_cycles, limits.node_fault_limit, limits.keep_out)
         _GATE.append(gate)
     return _GATE[0]
 
 
 def before_cycle(agent: Any = None) -> None:
     """The adapters' hook (`agent`: NVRx's agent, whose worker group still holds the ended cycle's ranks):
-    stop the launcher (SIGTERM to itself, in its main thread: the handler runs before this returns, so no
-    worker of the new cycle starts) when restarts made no progress or this node faulted too often."""
+    stop the launcher (SIGTERM to itself, and its `SignalException` raised here, so no worker of the new
+    cycle starts) when restarts made no progress or this node faulted too often."""
     gate = _gate()
     if gate is None:
         return
@@ -167,7 +162,6 @@ def before_cycle(agent: Any = None) -> None:
     if verdict is None:
         return
     from resctl.errors import EXIT_FAILURE, EXIT_NO_PROGRESS
-    from resctl.launch import stop
 
     if isinstance(verdict, BadNodeVerdict):
         said = _keep_out(gate, verdict.message())
@@ -176,8 +170,13 @@ def before_cycle(agent: Any = None) -> None:
     else:
         record = {"cause": "no_progress", "error": verdict.message(), "exit_code": EXIT_NO_PROGRESS,
                   "best_step": verdict.best, "cycles": verdict.cycles}
-    stop.record_fatal(gate.run_dir, record)
-    os.kill(os.getpid(), signal.SIGTERM)
+    contract.record_fatal(gate.run_dir, record)
+    os.kill(os.getpid(), signal.SIGTERM)  # the job's stop, as any other (remembered: no restart after it)
+    # During a restart the launcher's handler only remembers the signal, for workers it would start next:
+    # raise it here, so that no worker of this cycle starts (one would run into a stop it cannot save at).
+    from nvidia_resiliency_ext.fault_tolerance.launcher import SignalException
+
+    raise SignalException(f"Process {os.getpid()} got signal: {int(signal.SIGTERM)}", sigval=signal.SIGTERM)
 
 
 def _own_ranks(agent: Any) -> list[int]:

@@ -38,10 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resctl.profile import contract
+
 LABEL = "resctl.io/health"
 TAINT = "resctl.io/unhealthy"
 RECORD = "bad-nodes.jsonl"
-REQUEUE_FILE_ENV = "RESCTL_SLURM_REQUEUE_FILE"  # set by examples/slurm/train.sbatch: it requeues the job itself
+REQUEUE_FILE_ENV = contract.SLURM_REQUEUE_FILE  # set by examples/slurm/train.sbatch: it requeues the job itself
 SA = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 

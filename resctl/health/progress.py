@@ -26,7 +26,7 @@ class NoProgress:
     def message(self) -> str:
         steps = f"step {self.best}" if self.best else "no step at all"
         return (f"no progress in {self.cycles} launcher cycle(s) in a row (best: {steps}); stopping instead of "
-                f"restarting again (health.no_progress_cycles = {self.limit})")
+                f"restarting again (health.no_progress_cycles = {self.limit}; 0 turns this stop off)")
 
 
 class ProgressTracker:

@@ -1,17 +1,17 @@
 """Stragglers: a rank whose steps stay slower than the other ranks' by a margin (pure; fed step events).
 
-Each rank's recent step time is the median of its last `RECENT` step durations (the first step of a
-cycle or in-process iteration is left out: it holds the start and the load). A step of rank R is
-slow when R's recent time exceeds (1 + margin) x the median of the other ranks' recent times; after
-`steps` slow steps in a row R is named, once, until it has run as many steps within the margin again.
-Ranks whose steps are shorter than `FLOOR` are not judged: timer noise, not a slow node.
+What is compared: in a synchronous job (DDP: the step events carry `busy`, resctl/shim/busy.py) each
+rank's own work in a step, from the step boundary to its last gradient bucket ready for the all-reduce;
+otherwise the time between a rank's optimizer steps. Step times alone cannot name a slow rank of a DDP
+job: every rank waits for the slowest in the all-reduce, so all take its step time. The work before the
+wait differs, and the rank the others wait for stands out by it.
 
-What it can and cannot see: it compares the time between a rank's optimizer steps. A job whose ranks
-wait for each other in every step (DDP's gradient all-reduce) gives every rank the slowest rank's step
-time, so a slow node there slows the whole job evenly and is not named here; the cluster preflight's
-per-node matmul and link tests (`resctl doctor --cluster`, `launch.preflight = "cluster"`) name it.
-It names ranks that do not wait for the others each step: data-loading or pipeline stalls,
-asynchronous or independent workers, ranks between synchronisation points.
+Each rank's recent time is the median of its last `RECENT` values (the first step of a cycle or
+in-process iteration is left out: it holds the start and the load); ranks are compared with the ranks
+judged by the same measure. A step of rank R is slow when R's recent time exceeds (1 + margin) x the
+median of the other ranks' recent times and exceeds it by at least `FLOOR` (a few milliseconds of timer
+and scheduler noise are no slow node, however large a ratio they make of tiny steps); after `steps`
+slow steps in a row R is named, once, until it has run as many steps within the margin again.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from resctl.telemetry.ranks import RecentSteps
 
 RECENT = RecentSteps.RECENT  # step durations a rank's recent time is the median of
-FLOOR = 0.005  # seconds: shorter steps are not judged
+FLOOR = 0.005  # seconds: a rank this little slower than the others is not slow, whatever the ratio
 
 
 @dataclass(frozen=True)
@@ -37,25 +37,30 @@ class Straggler:
     cycle: int
     iteration: int
     t: float  # time of the step that named it
+    measure: str = "step"  # "busy": own work before DDP's all-reduce; "step": step durations
 
     @property
     def ratio(self) -> float:
         return self.seconds / self.median if self.median > 0 else float("inf")
 
     def message(self) -> str:
-        return (f"rank {self.rank} is a straggler: its steps take {self.seconds:.3g} s, the other ranks' "
+        what = ("its own work before the gradient all-reduce takes" if self.measure == "busy"
+                else "its steps take")
+        waits = f"; the others wait {self.seconds - self.median:.3g} s a step for it" if self.measure == "busy" else ""
+        return (f"rank {self.rank} is a straggler: {what} {self.seconds:.3g} s, the other ranks' "
                 f"{self.median:.3g} s (+{(self.ratio - 1) * 100:.0f} %), for {self.steps} steps in a row "
-                f"(at step {self.step}; health.straggler_margin)")
+                f"(at step {self.step}{waits}; health.straggler_margin)")
 
 
 class _Rank:
-    __slots__ = ("fast", "named", "slow", "value")
+    __slots__ = ("fast", "measure", "named", "slow", "value")
 
     def __init__(self) -> None:
         self.slow = 0  # slow steps in a row
         self.fast = 0  # steps within the margin in a row since it was named
         self.named = False
-        self.value: float | None = None  # recent step time, once RECENT steps of the epoch are in
+        self.value: float | None = None  # recent time, once RECENT steps of the epoch are in
+        self.measure = "step"  # what `value` is: "busy" (DDP) or "step"
 
 
 class StragglerDetector:
@@ -67,7 +72,7 @@ class StragglerDetector:
         self.ranks: dict[int, _Rank] = {}
         self.times = RecentSteps()
         self.named_total = 0
-        self._sorted: list[float] = []  # every rank's recent time, refreshed about once a job step
+        self._sorted: dict[str, list[float]] = {}  # measure -> every rank's recent time, refreshed about once a job step
         self._fed = 0
 
     def feed(self, e: dict[str, Any]) -> Straggler | None:
@@ -79,15 +84,18 @@ class StragglerDetector:
             if value is None:
                 r.slow, r.fast, r.value = 0, 0, None
             return None
+        busy = self.times.busy(e["rank"])
+        value, r.measure = (busy, "busy") if busy is not None else (value, "step")
         r.value = value
         self._fed += 1
         if self._fed >= len(self.ranks):  # O(ranks log ranks) per job step, not per rank step
             self._fed = 0
-            self._sorted = sorted(o.value for o in self.ranks.values() if o.value is not None)
-        median = _median_without(self._sorted, value)
+            self._sorted = {m: sorted(o.value for o in self.ranks.values() if o.value is not None and o.measure == m)
+                            for m in ("busy", "step")}
+        median = _median_without(self._sorted.get(r.measure, []), value)
         if median is None:
             return None
-        if median < FLOOR or value <= self.factor * median:
+        if value - median < FLOOR or value <= self.factor * median:
             r.slow = 0
             if r.named:
                 r.fast += 1
@@ -100,7 +108,7 @@ class StragglerDetector:
             return None
         r.named = True
         self.named_total += 1
-        return Straggler(e["rank"], e["step"], value, median, r.slow, e["cycle"], e["iteration"], e["t"])
+        return Straggler(e["rank"], e["step"], value, median, r.slow, e["cycle"], e["iteration"], e["t"], r.measure)
 
     def recent(self) -> dict[int, float]:
         """rank -> its recent step time."""

@@ -88,6 +88,6 @@ class Watch:
         log.iteration = s.iteration
         try:
             log.emit("straggler", step=s.step, seconds=round(s.seconds, 6), median=round(s.median, 6),
-                     ratio=round(s.ratio, 4), steps=s.steps, margin=self.health.straggler_margin)
+                     ratio=round(s.ratio, 4), steps=s.steps, margin=self.health.straggler_margin, measure=s.measure)
         finally:
             log.close()

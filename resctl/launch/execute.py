@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from resctl.errors import LaunchError, UsageError
 from resctl.launch import lifeline, rendezvous, stop
 from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan, restart_policy
+from resctl.profile import contract
 from resctl.profile.load import Layer, Resolved, resolve
 
 if TYPE_CHECKING:
@@ -45,7 +46,38 @@ def nvrx_version(resolved: Resolved) -> str:
     launch = resolved.profile.launch
     version = installed_nvrx() if launch.nvrx_version == "auto" else launch.nvrx_version
     restart_policy(resolved, version)
+    if resolved.profile.inprocess.enabled:
+        inprocess_available(resolved, version)
     return version
+
+
+def inprocess_available(resolved: Resolved, version: str, find: Callable[[str], Any] | None = None) -> None:
+    """In-process restart is NVRx's `inprocess` package, which NVRx deprecated in 0.6 in favour of in-job
+    restart. resctl drives it on NVRx 0.4 only (docs/recovery.md: on 0.7.0 its restart health checks fail
+    on this path and every fault ends in a launcher restart); on other versions, or one without the
+    package, it is refused before launch, naming the alternative.
+
+    Raises:
+        UsageError: inprocess.enabled = true and the NVRx version cannot give resctl's in-process restart.
+    """
+    from importlib.util import find_spec
+
+    from resctl.profile.nvrx_versions import series_for
+
+    try:
+        found = (find or find_spec)("nvidia_resiliency_ext.inprocess")
+    except (ImportError, ValueError):
+        found = None
+    why = ("has no in-process restart (nvidia_resiliency_ext.inprocess)" if found is None
+           else "deprecated in-process restart (0.6), and resctl drives it on NVRx 0.4.x only"
+           if series_for(version) != "0.4" else "")
+    if why:
+        raise UsageError(
+            f"inprocess.enabled = true ({resolved.source('inprocess.enabled')}): NVRx {version} {why}. Set "
+            "inprocess.enabled = false: ft_launcher's in-job restart recovers every fault then (an exception, "
+            "a hang or a dead worker restarts the workers; forked workers resume in well under a second on CPU, "
+            "docs/recovery.md), or install NVRx 0.4.1 for in-process restart."
+        )
 
 
 def prepare(profile: Path | None, flags: Layer, sets: Sequence[str], target: Target) -> tuple[Resolved, LaunchPlan]:
@@ -142,7 +174,7 @@ def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callab
                  f"loopback found); set {replica.HOST_ENV} to this node's address")
         return None
     env[replica.ADDR_ENV] = server.address(host)  # with its secret: for this job's workers only
-    if os.environ.get("RESCTL_VERBOSE") == "1":
+    if os.environ.get(contract.VERBOSE) == "1":
         on_event(f"resctl: memory replica server on {replica.format_addr(host, server.port)}")
     return server
 
@@ -316,7 +348,7 @@ def _notes(launch_plan: LaunchPlan, on_event: Callable[[str], None]) -> None:
     console only with -v (RESCTL_VERBOSE=1); a fault drill is always said."""
     from resctl.launch.launcher_logs import LOG_FILE
 
-    verbose = os.environ.get("RESCTL_VERBOSE") == "1"
+    verbose = os.environ.get(contract.VERBOSE) == "1"
     with open(launch_plan.run_dir / LOG_FILE, "a", encoding="utf-8") as log:
         for note in launch_plan.notes:
             log.write(f"resctl: {note}\n")

@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 
 from resctl.launch import adapters, launcher_logs, lifeline, preload, stop
+from resctl.profile import contract
 
 
 def _launcher_title() -> str:
     import json
 
     try:
-        with open(os.environ["RESCTL_PLAN"], encoding="utf-8") as f:
+        with open(os.environ[contract.PLAN], encoding="utf-8") as f:
             return "resctl-launcher " + os.path.basename(json.load(f)["target"]["script"])
     except (KeyError, OSError, ValueError, TypeError):
         return "resctl-launcher"
@@ -33,7 +34,11 @@ def main() -> None:
     # First: a `resctl run` SIGKILLed from here on still stops the job (a SIGTERM: its final save).
     lifeline.die_with_parent(signal.SIGTERM, lifeline.expected(os.environ, lifeline.RUN_PID_ENV))
     os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())  # exec'd workers set theirs (resctl.shim)
-    launcher_logs.quiet_logs()
+    if os.environ.get(contract.PRELOAD) == "1":
+        preload.import_torch()  # before anything imports it: what it warns, forked workers show again
+    launcher_logs.quiet_logs()  # before NVRx is imported: its logging set-up at import then does nothing
+    preload.ImportWarnings.replay()  # and the launcher's log keeps them
+    refuse_unknown_nvrx()
 
     marker = stop.file_for(os.getpid())
     os.environ[stop.ENV] = str(marker)
@@ -41,7 +46,7 @@ def main() -> None:
     adapters.apply_adapters()
     adapters.install_fork_hook(os.getpid())
     launcher_logs.install()  # no secrets or stop tracebacks in its log
-    if os.environ.get("RESCTL_PRELOAD") == "1":
+    if os.environ.get(contract.PRELOAD) == "1":
         preload.preload()
     from resctl.launch.titles import set_title
 
@@ -53,7 +58,27 @@ def main() -> None:
         code = 0
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    exit_quickly(adapters.stop_exit_code(code))
+    exit_quickly(adapters.launcher_exit_code(code))
+
+
+def refuse_unknown_nvrx() -> None:
+    """Exit 2 before NVRx's launcher starts anything when resctl cannot drive the installed NVRx (a
+    version out of range, or one that lacks a private name resctl's agent uses): a message, no
+    traceback mid-job. `resctl run` refuses versions out of range itself, before it starts this."""
+    import sys
+    from importlib import metadata
+
+    from resctl.launch.nvrx_private import refusal
+
+    try:
+        version = metadata.version("nvidia-resiliency-ext")
+    except metadata.PackageNotFoundError:
+        version = "(not installed)"
+    why = refusal(version)
+    if why is not None:
+        sys.stderr.write(f"resctl: {why}\n")
+        sys.stderr.flush()
+        os._exit(2)
 
 
 def exit_quickly(code: int) -> None:

@@ -2,10 +2,10 @@
 and by default not on the console at all.
 
 - **Quiet console.** With `RESCTL_RUN_DIR` set and not `RESCTL_VERBOSE=1`, the launcher's log
-  lines and warnings and its rank monitors' lines go to `<run_dir>/launcher.log` (the logging
-  root handler; the `sys` the rank-monitor module sees); the console keeps the workers' own
-  output (the process's stdout and stderr, which workers inherit, are untouched) and one line per
-  worker-group restart.
+  lines and warnings (torch elastic's, NVRx 0.4's root logging and NVRx >= 0.5's own `nvrx` logger)
+  and its rank monitors' output go to `<run_dir>/launcher.log` (the logging root handler; a
+  monitor's standard streams); the console keeps the workers' own output (the process's stdout and
+  stderr, which workers inherit, are untouched) and one line per worker-group restart.
 
 The redaction:
 
@@ -27,9 +27,11 @@ import asyncio
 import logging
 import os
 import re
+import signal
 from typing import Any
 
 from resctl.patching import Patches
+from resctl.profile import contract
 
 _STOP_EXCEPTIONS = ("SignalException",)
 
@@ -105,6 +107,29 @@ def restart_line(message: str, failure: str) -> str | None:
     return None
 
 
+def failure_cause(message: str, record: logging.LogRecord) -> str:
+    """What ended a worker, worded alike for forked workers (torch's ProcessExitedException: "process 1
+    terminated with signal SIGKILL") and exec'd ones (an exit code alone): "terminated by signal SIGKILL",
+    "exit code 3"; a worker's own error: the last line of its traceback."""
+    exc = record.exc_info[1] if record.exc_info else None
+    failed = FAILED_MESSAGE.search(message)
+    code = int(failed.group(1)) if failed else None
+    died = exc is None or type(exc).__name__ == "ProcessExitedException"  # no error of its own to quote
+    if code is not None and code < 0 and died:
+        return f"terminated by signal {_signal_name(-code)}"
+    if exc is not None and died:
+        return f"exit code {code}"
+    lines = [line.strip() for line in (message + "\n" + (str(exc) if exc else "")).splitlines() if line.strip()]
+    return lines[-1] if len(lines) > 1 else f"exit code {code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
 class FaultLines(logging.Handler):
     """Console handler of a quiet launcher: one `resctl:` line per worker-group restart, naming the
     failure before it (its last traceback line); the rest of both records is in launcher.log."""
@@ -119,10 +144,7 @@ class FaultLines(logging.Handler):
             message = record.getMessage()
             failed = FAILED_MESSAGE.search(message)
             if failed:
-                text = message + "\n" + (str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
-                lines = [line.strip() for line in text.splitlines() if line.strip()]
-                cause = lines[-1] if len(lines) > 1 else f"exit code {failed.group(1)}"
-                self.failure = f"local rank {failed.group(2)} failed ({cause[:200]})"
+                self.failure = f"local rank {failed.group(2)} failed ({failure_cause(message, record)[:200]})"
                 return
             line = restart_line(message, self.failure)
             if line is not None:
@@ -133,19 +155,15 @@ class FaultLines(logging.Handler):
             self.handleError(record)
 
 
-class _LogSys:
-    """Stands in for the `sys` module inside NVRx's rank-monitor module: its loggers (made in the
-    forked monitor process) write to the launcher's log file instead of the console."""
-
-    def __init__(self, real: Any, log: Any) -> None:
-        self._real = real
-        self.stdout = self.stderr = log
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
+#: NVRx >= 0.5 logs through a logger of its own that its `setup_logger` gives a console handler (and no
+#: propagation to the root) unless the logger has a handler already.
+NVRX_LOGGER = "nvrx"
 
 
-QUIET = Patches("quiet launcher")  # not undone at fork: the rank monitors are forked children
+_QUIET: list[str] = []  # once per process
+#: What the quiet launcher changed in loggers a forked worker uses too: undone in every forked child
+#: (resctl.launch.adapters), whose console is the script's.
+IN_LAUNCHER = Patches("quiet launcher's loggers")
 
 
 def quiet_logs(env: Any = os.environ) -> str | None:
@@ -155,9 +173,10 @@ def quiet_logs(env: Any = os.environ) -> str | None:
     stdout and stderr, which the workers inherit, are left alone."""
     import sys
 
-    run_dir = env.get("RESCTL_RUN_DIR")
-    if not run_dir or env.get("RESCTL_VERBOSE") == "1" or QUIET:
+    run_dir = env.get(contract.RUN_DIR)
+    if not run_dir or env.get(contract.VERBOSE) == "1" or _QUIET:
         return None
+    _QUIET.append(run_dir)
     path = os.path.join(run_dir, LOG_FILE)
     log = open(path, "a", buffering=1, encoding="utf-8")
     logging.basicConfig(  # before NVRx's own basicConfig (at its import), which then does nothing
@@ -166,7 +185,45 @@ def quiet_logs(env: Any = os.environ) -> str | None:
     )
     logging.captureWarnings(True)
     logging.getLogger().addHandler(FaultLines(sys.stderr))
-    from nvidia_resiliency_ext.fault_tolerance import rank_monitor_server
-
-    QUIET.set(rank_monitor_server, "sys", _LogSys(sys, log))
+    nvrx, null = logging.getLogger(NVRX_LOGGER), logging.NullHandler()
+    nvrx.addHandler(null)  # NVRx's setup_logger keeps its console handler out then ...
+    IN_LAUNCHER.on_undo(lambda: nvrx.removeHandler(null))
+    IN_LAUNCHER.set(nvrx, "propagate", True)  # ... and its records reach the root: launcher.log, restart lines
+    _torch_logs_to(log)
     return path
+
+
+def _torch_logs_to(log: Any) -> None:
+    """torch gives its top loggers ("torch", "torch.distributed") a console handler of their own and no
+    propagation; NVRx >= 0.6 runs torch's elastic agent, whose worker failures log there: into the log
+    file instead, and through the restart lines' handler."""
+    import torch  # noqa: F401 - its logging set-up happens at import (the launcher imports it anyway)
+
+    for name in ("torch", "torch.distributed"):
+        logger = logging.getLogger(name)
+        if logger.propagate:
+            continue
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "name", "") == "<stderr>":
+                IN_LAUNCHER.set(handler, "stream", log)
+    dist, lines = logging.getLogger("torch.distributed"), [h for h in logging.getLogger().handlers if isinstance(h, FaultLines)]
+    for handler in lines:
+        dist.addHandler(handler)
+        IN_LAUNCHER.on_undo(lambda handler=handler: dist.removeHandler(handler))  # type: ignore[misc]
+
+
+def monitor_to_log(env: Any = os.environ) -> bool:
+    """In a rank monitor (forked from a quiet launcher): its standard streams go to launcher.log, so
+    whatever it prints or logs (NVRx re-creates its loggers there, on stderr) stays off the console;
+    False when the console keeps them (`RESCTL_VERBOSE=1`, no run dir)."""
+    run_dir = env.get(contract.RUN_DIR)
+    if not run_dir or env.get(contract.VERBOSE) == "1":
+        return False
+    try:
+        fd = os.open(os.path.join(run_dir, LOG_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    for target in (1, 2):
+        os.dup2(fd, target)
+    os.close(fd)
+    return True

@@ -15,9 +15,11 @@ import ctypes.util
 import os
 from typing import Mapping
 
+from resctl.profile import contract
+
 PR_SET_PDEATHSIG = 1
-RUN_PID_ENV = "RESCTL_RUN_PID"  # set by `resctl run` for its launcher
-LAUNCHER_PID_ENV = "RESCTL_LAUNCHER_PID"  # set by the launcher for its workers
+RUN_PID_ENV = contract.RUN_PID  # set by `resctl run` for its launcher
+LAUNCHER_PID_ENV = contract.LAUNCHER_PID  # set by the launcher for its workers
 
 
 def die_with_parent(sig: int, expected_parent: int | None = None) -> bool:

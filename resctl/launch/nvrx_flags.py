@@ -77,6 +77,8 @@ class Series:
         gpu_reclaim_poll_flag: the flag setting how often a restart polls for the stopped workers'
             GPU memory to be released (0.6+: every 2 s by default, so a restart waits up to 2 s more
             than it needs), where one exists.
+        no_progress_flag: the launcher's own no-progress stop (0.6+: `--ft-max-no-progress-cycles`, on by
+            default at 3 but counting only a `--ft-checkpoint-iteration-file`), where one exists.
         legacy_aliases: ``--ft-param-*`` / ``--restart-policy`` spellings still accepted.
         defaults: the launcher's own defaults.
     """
@@ -90,6 +92,7 @@ class Series:
     timeouts_accept_none: bool
     rdzv_impl_flag: str | None
     gpu_reclaim_poll_flag: str | None
+    no_progress_flag: str | None
     legacy_aliases: bool
     defaults: LauncherDefaults
 
@@ -105,6 +108,7 @@ SERIES: dict[str, Series] = {
         timeouts_accept_none=False,
         rdzv_impl_flag=None,
         gpu_reclaim_poll_flag=None,
+        no_progress_flag=None,
         legacy_aliases=True,
         defaults=LauncherDefaults(
             max_restarts=0,
@@ -132,6 +136,7 @@ SERIES: dict[str, Series] = {
         timeouts_accept_none=True,
         rdzv_impl_flag="--ft-rdzv-impl",
         gpu_reclaim_poll_flag="--ft-gpu-memory-poll-interval",
+        no_progress_flag="--ft-max-no-progress-cycles",
         legacy_aliases=False,
         defaults=LauncherDefaults(
             max_restarts=0,

@@ -34,7 +34,19 @@ from datetime import timedelta
 from typing import Any
 
 from resctl.errors import LaunchError
-from resctl.launch.rdzv_rounds import DEAD, LEFT, Joiner, Keys, Outcome, close_size, is_alive, missing_alive, outcome_of
+from resctl.launch.rdzv_rounds import (
+    DEAD,
+    LEFT,
+    Joiner,
+    Keys,
+    Outcome,
+    RoundState,
+    close_size,
+    is_alive,
+    missing_alive,
+    outcome_of,
+    spares_of,
+)
 
 
 def _no_worker_states() -> LaunchError:
@@ -53,12 +65,15 @@ SPARE_WAIT_S = 3600.0
 
 
 class _Errors:
-    """NVRx's rendezvous exceptions (its copy of torch elastic's), imported once."""
+    """The rendezvous exceptions the launcher's agent catches: NVRx 0.4/0.5's copy of torch elastic's,
+    torch's own on NVRx >= 0.6 (which dropped the copy)."""
 
     @staticmethod
     def api() -> Any:
-        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous import api
-
+        try:
+            from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous import api
+        except ImportError:
+            from torch.distributed.elastic.rendezvous import api  # type: ignore[no-redef]
         return api
 
 
@@ -181,6 +196,42 @@ class OwnedRendezvousHandler:
     def round(self) -> int:
         return self._current()
 
+    # --- what resctl's features read (rdzv_rounds.RendezvousView) --------------------------------
+
+    def state(self) -> RoundState:
+        """The rendezvous now: the latest round with a world, its members, the live spares (O(N) reads:
+        asked on a peer's stop or by the preflight's wait, never per round)."""
+        s = self._settings
+        return read_state(self._store, s.run_id, s.min_nodes, s.max_nodes, s.expiry)
+
+    def open_next_round(self) -> None:
+        """Open the round after this node's (a failure here: wakes the spares; NVRx >= 0.6's healthy
+        agents see it through `next_round_open`, as 0.4's see a waiting node)."""
+        self._store.compare_set(self._keys.opened(self._round + 1), "", "1")
+
+    def next_round_open(self) -> bool:
+        """A node has opened the round after this node's to restart (not the close of the job)."""
+        key = self._keys.opened(self._round + 1)
+        if not self._store.check([key]):
+            return False
+        raw = self._store.get(key)
+        return (raw.decode() if isinstance(raw, bytes) else raw) != CLOSED
+
+    def close_for(self, reason: str) -> bool:
+        """Close the job's rendezvous and record why (the first reason recorded stays)."""
+        try:
+            self._store.compare_set(self._keys.reason, "", reason)
+        except Exception as err:  # noqa: BLE001 - the close below says the same failure
+            log.debug("could not record the rendezvous close reason: %s", err)
+        return self.shutdown()
+
+    def close_reason(self) -> str | None:
+        """Why the job's rendezvous was closed (None: not closed with a reason)."""
+        if not self._store.check([self._keys.reason]):
+            return None
+        raw = self._store.get(self._keys.reason)
+        return (raw.decode() if isinstance(raw, bytes) else raw) or None
+
     # The min-healthy restart policy reads and writes worker states in the rendezvous; this one keeps
     # none, so the profile refuses that pairing (schema: launch.rendezvous vs launch.restart_policy).
     # Reaching these means a launcher called them anyway: say so plainly rather than pretend.
@@ -219,7 +270,12 @@ class OwnedRendezvousHandler:
     def _raise_if_closed(self, spare: bool) -> None:
         if self.is_closed():
             api = _Errors.api()
-            if spare:
+            if spare:  # gone for good: the store host waits for no spare that has left
+                self._stop_heartbeats()
+                try:
+                    self.remove_this_node()
+                except Exception as err:  # noqa: BLE001 - the store host gone meanwhile: it waits for no one
+                    log.debug("rendezvous %r: could not mark this spare gone: %s", self._settings.run_id, err)
                 raise api.RendezvousGracefulExitError(f"The rendezvous '{self._settings.run_id}' is closed, "
                                                       "terminating pending rendezvous.")
             raise api.RendezvousClosedError()
@@ -237,8 +293,12 @@ class OwnedRendezvousHandler:
         if last is None or (last.size < self._settings.max_nodes and self._settings.upscaling_enabled):
             return latest + 1, False
         log.info("rendezvous %r: round %s is full; waiting as a spare for the next round", self._settings.run_id, latest)
+        if self.on_spare is not None:
+            self.on_spare.waiting(last.size, self._settings.max_nodes)
         self._wait_keys([self._keys.opened(latest + 1)], None)
         self._raise_if_closed(spare=True)
+        if self.on_spare is not None:
+            self.on_spare.joining()
         return latest + 1, True
 
     def _join(self, rnd: int) -> int:
@@ -271,6 +331,9 @@ class OwnedRendezvousHandler:
 
     #: Called with the member slot once it is known (the adapter writes it for `resctl run`).
     on_register: Any = None
+    #: Told when this node starts to wait as a spare (`waiting(nodes, max_nodes)`) and when it leaves
+    #: the spares to join a round (`joining()`): `resctl.launch.spares.SpareConsole` prints them.
+    on_spare: Any = None
 
     # The local world size and role come from the agent (set by the adapter before the first round).
     local_world_size = 1
@@ -431,6 +494,59 @@ def _second_client(store: Any) -> Any:
     if not isinstance(store, dist.TCPStore):
         return store
     return dist.TCPStore(store.host, store.port, None, False, timeout=timedelta(seconds=60))
+
+
+def before_round(handler: Any, worker_group: Any) -> None:
+    """Before the agent's round: what this node's line in it says (its local world size and role)."""
+    if isinstance(handler, OwnedRendezvousHandler):
+        spec = worker_group.spec
+        handler.local_world_size, handler.role = spec.local_world_size, spec.role
+
+
+def gathered(handler: Any, spec: Any, group_world_size: int, info: Any) -> list[Any] | None:
+    """Every node's role and local world size from the round's outcome (torch elastic's rank
+    assignment gathers them from N keys otherwise); None when the outcome does not say (another
+    handler, or nodes of several roles): the agent's own gather then. `info(role, rank, size)` builds
+    one entry (the agent's `_RoleInstanceInfo`)."""
+    outcome = getattr(handler, "_outcome", None) if isinstance(handler, OwnedRendezvousHandler) else None
+    if outcome is None or outcome.role != spec.role or outcome.size != group_world_size:
+        return None
+    return [info(spec.role, r, outcome.local_world_sizes[r]) for r in range(outcome.size)]
+
+
+def read_state(store: Any, run_id: str, min_nodes: int = 0, max_nodes: int = 0, expiry: float = 3.0) -> RoundState:
+    """The rendezvous of `run_id` in `store` as a RoundState (what `OwnedRendezvousHandler.state`
+    answers; the cluster preflight reads it with no handler of its own)."""
+    keys = Keys(run_id)
+    latest = int(store.compare_set(keys.current, "", "0"))
+    rnd, outcome = latest, None
+    while rnd >= 0 and outcome is None and latest - rnd < 8:  # rounds that timed out have no world
+        if store.check([keys.done(rnd)]):
+            raw = store.get(keys.done(rnd))
+            text = raw.decode() if isinstance(raw, bytes) else raw
+            outcome = None if text in (CLOSED, TIMED_OUT) else Outcome.decode(text)
+        if outcome is None:
+            rnd -= 1
+    members: tuple[int, ...] = ()
+    if outcome is not None:
+        members = tuple(Joiner.decode(x).slot for x in
+                        store.multi_get([keys.joiner(rnd, i) for i in range(outcome.size)]))
+    else:
+        rnd = -1
+    registered = int(store.add(keys.members, 0))
+    beats = [keys.heartbeat(s) for s in range(registered)]
+    if beats and store.check(beats):
+        values: list[bytes | str | None] = list(store.multi_get(beats))
+    else:  # a member between its slot and its first beat: a get of its key would block
+        values = [store.get(k) if store.check([k]) else None for k in beats]
+    opened = keys.opened(rnd + 1)
+    next_open = bool(store.check([opened])) and _text(store.get(opened)) != CLOSED
+    return RoundState(rnd, members, spares_of(members, registered, values, time.time(), expiry),
+                      min_nodes, max_nodes, next_open=next_open, closed=bool(store.check([keys.closed])))
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def mark_dead(store: Any, run_id: str, slot: int) -> None:

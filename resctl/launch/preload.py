@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
+
+from resctl.profile import contract
 
 # Imported once in the launcher when workers are forked from it, so no worker pays for them again:
 # what every worker imports (torch, the shim), before the first workers start. What a script may
 # import later (torch imports torch._dynamo and sympy on the first optimizer it builds: about 1 s;
-# FSDP 0.5 s) is imported in a thread once the first workers have run `LATE_AFTER` seconds, or
-# before workers are started again if that was sooner: a job's start never waits for them, nor a
-# short job's end (the happy path is torchrun's, bench/bench_happy_path.py), and restarted workers
-# are forked with them loaded (in-job recovery in well under a second, bench/bench_recovery.py).
+# FSDP 0.5 s) is imported in a thread once the first workers have run `LATE_AFTER` seconds: a
+# job's start never waits for them, nor a short job's end (the happy path is torchrun's,
+# bench/bench_happy_path.py), nor a restart that comes sooner, and workers restarted later are
+# forked with them loaded (in-job recovery in well under a second, bench/bench_recovery.py).
 PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "resctl.shim.runtime", "resctl.checkpoint.engine",
            "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
 LATE_PRELOAD = ("torch._dynamo", "torch.distributed.fsdp")
@@ -24,15 +27,27 @@ LATE_AFTER = 3.0  # seconds the first workers run before LATE_PRELOAD is importe
 
 class LatePreload:
     """`LATE_PRELOAD`, imported in a thread beside running workers. Every fork of the launcher
-    (workers, rank monitors) happens in `_start_workers`, which first waits for the thread (a child
-    forked while another thread holds an import lock could deadlock on it) or imports them itself."""
+    (workers, rank monitors) happens in `_start_workers`, which first waits for a thread still
+    importing (a child forked while another thread is inside an import inherits that module
+    half-executed and its lock held: a deadlock or a broken module at the child's first use).
+
+    A restart that comes before the thread started imports nothing first (issue 31: it used to
+    import them synchronously, 3.4 s of a 4.95 s recovery on one H200): its workers import what
+    they use themselves, as the first ones did, and the clock starts again with them. A restart
+    while the thread imports still waits for the rest of it (at most the import's time, once).
+    *Not done:* starting the thread with the first workers (where a core is spare) made a short
+    job's end wait for it (re-measured on the H200 in session 9: +2 s with compiled bytecode, +4-5 s
+    without; the end's pure-Python process scan shares the GIL with the import: docs/BENCHMARKS.md,
+    issue 31); forking mid-import by abandoning the thread at a module boundary needs the modules it
+    executed forgotten, and executing them again registers torch libraries twice ("Only a single TORCH_LIBRARY can be used to register the
+    namespace ..."), seen."""
 
     thread: Any = None
     started_at: float | None = None
 
     @classmethod
     def enabled(cls) -> bool:
-        return os.environ.get("RESCTL_PRELOAD") == "1"
+        return os.environ.get(contract.PRELOAD) == "1"
 
     @classmethod
     def workers_started(cls) -> None:
@@ -62,8 +77,8 @@ class LatePreload:
     def before_fork(cls) -> None:
         if cls.thread is not None:
             cls.thread.join()
-        elif cls.started_at is not None and cls.enabled():  # a restart came first
-            _import(LATE_PRELOAD)
+        else:  # a restart came first: no import now; the clock starts again with the new workers
+            cls.started_at = None
 
 
 ExitHandler = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -114,6 +129,34 @@ class ExitHandlers:
                 getattr(f, "__func__", f) is not getattr(exitfunc, "__func__", exitfunc) for f, _, _ in found):
             found.append((exitfunc, (), {}))  # a worker's finalizers would not register it again
         return found
+
+
+class ImportWarnings:
+    """The warnings that importing `PRELOAD` raised (torch's pynvml FutureWarning, ...): a new
+    interpreter importing the same modules would show them, so a forked worker shows them again
+    (`resctl.shim.forked`), through its own filters, as torchrun's workers do."""
+
+    recorded: list[warnings.WarningMessage] = []
+
+    @classmethod
+    @contextmanager
+    def recording(cls) -> Iterator[None]:
+        with warnings.catch_warnings(record=True) as caught:  # the main thread, before any worker
+            warnings.simplefilter("always")  # every one: the worker's filters decide what shows
+            yield
+        cls.recorded.extend(caught)
+
+    @classmethod
+    def replay(cls) -> None:
+        for w in cls.recorded:
+            module = os.path.splitext(os.path.basename(w.filename))[0]
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, module=module, registry={})
+
+
+def import_torch() -> None:
+    """Import torch first, recording what it warns (`ImportWarnings`)."""
+    with ImportWarnings.recording():
+        import torch  # noqa: F401
 
 
 def _import(names: tuple[str, ...]) -> None:

@@ -12,10 +12,13 @@ rendezvous does that: O(N) compare-and-sets of an O(N) state per round).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from resctl.profile import contract
 
 #: What the plan tells the launcher (resctl.launch.plan -> resctl.launch.adapters): which rendezvous,
 #: its keep-alive interval (seconds) and how many missed keep-alives make a node gone.
-IMPL_ENV, KEEP_ALIVE_ENV, MISSES_ENV = "RESCTL_RDZV", "RESCTL_RDZV_KEEP_ALIVE", "RESCTL_RDZV_MISSES"
+IMPL_ENV, KEEP_ALIVE_ENV, MISSES_ENV = contract.RDZV, contract.RDZV_KEEP_ALIVE, contract.RDZV_MISSES
 #: Where the launcher writes this node's member slot (`resctl run` marks it dead if the launcher dies).
 SLOT_FILE = "rdzv-slot-{pid}"
 
@@ -62,6 +65,10 @@ class Keys:
 
     def wake(self, rnd: int) -> str:  # set after `done`: what waiting nodes wait on (a compare_set wakes no one)
         return f"{self.base}/r{rnd}/wake"
+
+    @property
+    def reason(self) -> str:  # why the job's rendezvous closed, set once (NVRx >= 0.6's agent asks)
+        return f"{self.base}/reason"
 
 
 @dataclass(frozen=True)
@@ -167,3 +174,43 @@ def missing_alive(previous: list[int], arrived: set[int], heartbeats: dict[int, 
                   expiry: float) -> list[int]:
     """The previous round's member slots that have not arrived and still look alive."""
     return [s for s in previous if s not in arrived and is_alive(heartbeats.get(s), now, expiry)]
+
+
+@dataclass(frozen=True)
+class RoundState:
+    """The rendezvous as the features outside it read it (the spare's lines, the decision after a
+    peer's stop, the cluster preflight's wait for the tested nodes): the latest round that closed with
+    a world, its members (slots, in arrival order), the live members outside it (spares waiting, or
+    nodes already in the next round), whether a later round has opened (a restart is under way), and
+    whether the job's rendezvous is closed for good."""
+
+    round: int  # -1: no round has closed with a world yet
+    members: tuple[int, ...]
+    spares: tuple[int, ...]
+    min_nodes: int
+    max_nodes: int
+    next_open: bool = False
+    closed: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def full_with(self, nodes: int) -> bool:
+        """A round of at least `nodes` nodes has closed (the preflight's tested nodes train)."""
+        return self.round >= 0 and self.size >= nodes
+
+
+@runtime_checkable
+class RendezvousView(Protocol):
+    """What resctl's rendezvous handler answers about itself (`OwnedRendezvousHandler.state`)."""
+
+    def state(self) -> RoundState: ...
+
+
+def spares_of(members: tuple[int, ...], registered: int, heartbeats: list[bytes | str | None], now: float,
+              expiry: float) -> tuple[int, ...]:
+    """The slots among 0..registered-1 that are alive (`heartbeats[slot]`) and not `members`."""
+    inside = set(members)
+    return tuple(s for s in range(registered)
+                 if s not in inside and s < len(heartbeats) and is_alive(heartbeats[s], now, expiry))

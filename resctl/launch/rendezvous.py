@@ -42,7 +42,7 @@ from itertools import product
 from pathlib import Path
 
 from resctl.errors import UsageError
-from resctl.profile.schema import Launch, nnodes_range, split_endpoint
+from resctl.profile.schema import Endpoint, Launch, NodeRange, nnodes_range, split_endpoint
 
 __all__ = ["Rendezvous", "detect", "expand_hostlist", "first_host", "fresh_run_id"]
 
@@ -84,6 +84,14 @@ class Rendezvous:
     is_host: bool | None
     source: str
     notes: tuple[str, ...]
+
+    def address(self, default_port: int = 0) -> Endpoint:
+        """`endpoint` parsed (it is always "host:port" or "[v6]:port"; `default_port` for a bare host)."""
+        return split_endpoint(self.endpoint, default_port)
+
+    def node_range(self, launch: Launch) -> NodeRange:
+        """The job's nodes as (MIN, MAX): the scheduler's count, else the profile's launch.nnodes."""
+        return nnodes_range(self.nnodes) if self.nnodes else launch.node_range
 
 
 def fresh_run_id() -> str:
@@ -130,8 +138,8 @@ def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Cal
     # across nodes): `profile validate` and `run` share those rules.
     if launch.standalone:
         return _standalone(launch, new_id, "standalone", ("launch.standalone = true",))
-    if launch.rdzv_endpoint.strip().lower() != "auto":
-        host, port = _split_endpoint(launch.rdzv_endpoint.strip(), launch.rdzv_port, "launch.rdzv_endpoint")
+    if launch.endpoint is not None:
+        host, port = launch.endpoint
         why = f"launch.rdzv_endpoint = {launch.rdzv_endpoint}"
     else:
         # The rendezvous store is the workers' store too (launch.adapters._agent_store), as under
@@ -149,7 +157,7 @@ def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Cal
         if derived:
             run_id, how = derived
             notes.append(f"run id {run_id!r} from {how}")
-        elif _max_nodes(launch.nnodes) == 1:
+        elif launch.node_range.max == 1:
             run_id = new_id()
             notes.append(f"run id {run_id!r}: fresh (single node)")
         else:
@@ -161,7 +169,7 @@ def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Cal
 
 
 def _standalone(launch: Launch, new_id: Callable[[], str], source: str, why: tuple[str, ...]) -> Rendezvous:
-    if _max_nodes(launch.nnodes) > 1:
+    if launch.node_range.max > 1:
         raise UsageError(
             f"launch.nnodes = {launch.nnodes} but no rendezvous was found for more than one node: "
             "set launch.rdzv_endpoint = HOST:PORT and launch.rdzv_id (the same on every node), "
@@ -198,7 +206,7 @@ def _indexed_job(launch: Launch, env: Mapping[str, str], hostname: str, root: Pa
     domain = _cluster_domain(root, namespace)
     endpoint = f"{job}-0.{launch.k8s_service}.{namespace}.svc.{domain}:{launch.rdzv_port}"
 
-    max_nodes = _max_nodes(launch.nnodes)
+    max_nodes = launch.node_range.max
     notes = [
         f"Kubernetes Indexed Job {job!r}, completion index {index} (this pod is node {index})",
         f"rank 0 at {endpoint} (Service launch.k8s_service, namespace from {ns_from})",
@@ -377,7 +385,7 @@ def _slurm_cap(launch: Launch, nodes: int, nnodes: str | None, notes: list[str])
     `sbatch -N`)."""
     if nnodes is not None:
         return nnodes
-    lo, hi = _nnodes_range(launch.nnodes)
+    lo, hi = launch.node_range
     if hi <= nodes:
         return None
     capped = f"{lo}:{nodes}" if lo < nodes else str(nodes)
@@ -506,10 +514,6 @@ def _nnodes_range(nnodes: str) -> tuple[int, int]:
         raise UsageError(f"launch.nnodes = {nnodes!r}: {err}") from None
 
 
-def _max_nodes(nnodes: str) -> int:
-    return _nnodes_range(nnodes)[1]
-
-
 def _reconcile_nnodes(launch: Launch, detected: str | None, notes: list[str]) -> str | None:
     """The scheduler's count wins over the default "1"; a profile value it contradicts is an error."""
     if detected is None:
@@ -517,7 +521,7 @@ def _reconcile_nnodes(launch: Launch, detected: str | None, notes: list[str]) ->
     det_lo, det_hi = _nnodes_range(detected)
     if launch.nnodes == "1" or launch.nnodes == detected:
         return detected
-    lo, hi = _nnodes_range(launch.nnodes)
+    lo, hi = launch.node_range
     if lo <= det_lo and det_hi <= hi:
         notes.append(f"launch.nnodes = {launch.nnodes} kept (the scheduler reports {detected})")
         return None

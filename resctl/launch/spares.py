@@ -1,9 +1,10 @@
 """Hot spares, and a node that leaves the job on its own stop (one pod evicted, one node's step signalled).
 
-Spares: NVRx 0.4.1's c10d rendezvous keeps a node that comes to a full job (launch.nnodes' maximum
-reached) on its redundancy list: its launcher waits, starts no worker, and joins the next round that has
-room. NVRx logs neither at a level anyone sees; `spare_lines` prints one console line when this node
-becomes a spare and one when it leaves the list to join.
+Spares: a node that comes to a full job (launch.nnodes' maximum reached) waits, starts no worker, and
+joins the next round that has room. resctl's rendezvous (the default, `resctl.launch.owned_rdzv`) tells
+`SpareConsole` when this node starts to wait and when it joins; with `launch.rendezvous = "nvrx"` on NVRx
+0.4/0.5 `spare_lines` reads the same from NVRx's join (its redundancy list). Either way one console
+line when this node becomes a spare and one when it leaves the spares to join.
 
 A node's own stop: its workers begin the job stop and the ranks of every node agree on one stop step
 and save the final checkpoint there (resctl/shim/stopstep.py); a worker woken by another node's stop
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resctl.launch.preload import LatePreload
+from resctl.launch.rdzv_rounds import RendezvousView, RoundState
 from resctl.patching import Patches
 
 #: A spare moves from the redundancy list to the wait list in two writes of the rendezvous state: one that
@@ -57,13 +59,43 @@ class Room:
             return f"launch.nnodes = {size} allows {self.nodes - 1} node(s)"
         return f"launch.nnodes = {size} and no spare node is waiting"
 
+    @classmethod
+    def of(cls, state: RoundState, nodes: int) -> Room:
+        """From resctl's rendezvous: `nodes` in the cycle that ended, its live spares (or nodes already
+        in the next round that were not in it) waiting."""
+        return cls(nodes, state.min_nodes, state.max_nodes, len(state.spares))
+
+
+#: Why there is no decision with a rendezvous resctl cannot read (NVRx >= 0.6's own, the opt-out).
+UNREADABLE = ("NVRx {version}'s own rendezvous (launch.rendezvous = \"nvrx\") cannot be read by resctl, so NVRx restarts "
+              "this node as it always did; resctl's rendezvous (launch.rendezvous = \"auto\", the default) decides "
+              "whether the job goes on")
+
+
+def handler_of(agent: Any) -> Any:
+    """The agent's rendezvous handler (None before its first round)."""
+    return getattr(getattr(getattr(agent, "_worker_group", None), "spec", None), "rdzv_handler", None)
+
 
 def room(agent: Any) -> Room | None:
-    """The rendezvous' state as this launcher's handler sees it now (None: not NVRx's c10d handler)."""
-    handler = getattr(getattr(getattr(agent, "_worker_group", None), "spec", None), "rdzv_handler", None)
-    holder, settings = getattr(handler, "_state_holder", None), getattr(handler, "_settings", None)
+    """The rendezvous' state as this launcher's handler sees it now: resctl's (its typed state), or
+    NVRx 0.4/0.5's c10d handler (its private state); None for another shape (NVRx >= 0.6's barrier)."""
+    handler = handler_of(agent)
     nodes = getattr(getattr(agent, "_worker_group", None), "group_world_size", None)
-    if handler is None or holder is None or settings is None or not isinstance(nodes, int):
+    if handler is None or not isinstance(nodes, int):
+        return None
+    if isinstance(handler, RendezvousView):
+        state = handler.state()
+        logging.getLogger(__name__).info("a peer's stop: round %s members=%s spares=%s next_open=%s", state.round,
+                                         list(state.members), list(state.spares), state.next_open)
+        return Room.of(state, nodes)
+    return _nvrx_room(handler, nodes)
+
+
+def _nvrx_room(handler: Any, nodes: int) -> Room | None:
+    """NVRx 0.4/0.5's c10d rendezvous state (launch.rendezvous = "nvrx"): its state holder, synced now."""
+    holder, settings = getattr(handler, "_state_holder", None), getattr(handler, "_settings", None)
+    if holder is None or settings is None:
         return None
     with handler._heartbeat_lock:  # the keep-alive thread uses the same holder
         if hasattr(holder, "_last_sync_time"):
@@ -94,8 +126,11 @@ def decide_after_peer_stop(agent: Any, console: Any = None) -> bool:
         except Exception as err:  # noqa: BLE001 - the store gone with the leaving host: the job cannot go on
             found, reason = None, f"the rendezvous cannot be read ({type(err).__name__}: {err})"
             break
-        if found is None:
-            return False  # not NVRx 0.4/0.5's c10d rendezvous (0.6+'s barrier): NVRx's own restart, as before
+        if found is None:  # NVRx >= 0.6's own barrier rendezvous (the opt-out): NVRx's restart, as before
+            console.write(f"resctl: another node was stopped (SIGTERM) and every rank saved the final checkpoint "
+                          f"with it; {UNREADABLE.format(version=_nvrx_version())}\n")
+            console.flush()
+            return False
         reason = found.why()
         if found.goes_on():
             break
@@ -111,12 +146,61 @@ def decide_after_peer_stop(agent: Any, console: Any = None) -> bool:
     return True
 
 
+def _nvrx_version() -> str:
+    try:
+        import importlib.metadata as md
+
+        return md.version("nvidia-resiliency-ext")
+    except Exception:  # noqa: BLE001 - only named in a console line
+        return "?"
+
+
+def spare_line(nodes: int, max_nodes: int) -> str:
+    return (f"resctl: this node is a spare: the job has its {nodes} node(s) (launch.nnodes maximum {max_nodes}); it "
+            "waits and takes the place of a node that is lost or leaves\n")
+
+
+JOINING_LINE = "resctl: a place in the job is free: this spare node joins it\n"
+
+
+class SpareConsole:
+    """resctl's rendezvous tells it when this node waits as a spare and when it joins: one line each
+    (the first wait only, until it joins), and the late imports start while it waits."""
+
+    def __init__(self, console: Any = None) -> None:
+        self._console = console
+        self.said = False
+
+    def _write(self, line: str) -> None:
+        out = self._console or sys.stderr
+        try:
+            out.write(line)
+            out.flush()
+        except Exception:  # noqa: BLE001 - a console line is never worth a launcher crash
+            pass
+
+    def waiting(self, nodes: int, max_nodes: int) -> None:
+        if not self.said:
+            self.said = True
+            self._write(spare_line(nodes, max_nodes))
+            try:
+                LatePreload.start_now()  # what its first workers would import, while it waits
+            except Exception as err:  # noqa: BLE001 - imports the workers make anyway; never a launcher crash
+                logging.getLogger(__name__).debug("spare: late preload not started: %s", err)
+
+    def joining(self) -> None:
+        if self.said:
+            self.said = False
+            self._write(JOINING_LINE)
+
+
 class _Spare:
     said = False
 
 
 def spare_lines(patches: Patches, console: Any = None) -> None:
-    """A console line when this node becomes a spare, and one when it leaves the spares to join."""
+    """With NVRx 0.4/0.5's own rendezvous (launch.rendezvous = "nvrx"): a console line when this node
+    becomes a spare, and one when it leaves NVRx's redundancy list to join."""
     try:
         from nvidia_resiliency_ext.fault_tolerance import _ft_rendezvous as rdzv
     except ImportError:
@@ -133,13 +217,11 @@ def spare_lines(patches: Patches, console: Any = None) -> None:
             spare = ctx.node in ctx.state.redundancy_list
             if spare and action == rdzv._Action.REMOVE_FROM_REDUNDANCY_LIST:
                 _Spare.said = False
-                out.write("resctl: a place in the job is free: this spare node joins it\n")
+                out.write(JOINING_LINE)
                 out.flush()
             elif spare and not _Spare.said:
                 _Spare.said = True
-                out.write(f"resctl: this node is a spare: the job has its {len(ctx.state.participants)} node(s) "
-                          f"(launch.nnodes maximum {ctx.settings.max_nodes}); it waits and takes the place of a "
-                          "node that is lost or leaves\n")
+                out.write(spare_line(len(ctx.state.participants), ctx.settings.max_nodes))
                 out.flush()
                 LatePreload.start_now()  # what its first workers would import, while it waits
         except Exception:  # noqa: BLE001 - a console line is never worth a launcher crash
@@ -150,21 +232,20 @@ def spare_lines(patches: Patches, console: Any = None) -> None:
     patches.on_undo(lambda: setattr(_Spare, "said", False))
 
 
-def wait_for_full_round(endpoint: str, run_id: str, nodes: int, timeout: float, poll: float = 0.5) -> bool:
+def wait_for_full_round(endpoint: str, run_id: str, nodes: int, timeout: float, poll: float = 0.5,
+                        rendezvous: str = "resctl") -> bool:
     """Until the launchers' rendezvous at `endpoint` ("host:port") has a complete round of at least `nodes`
     participants (True), or `timeout` seconds (False). A node the cluster preflight left untested (it came to a
-    full job) waits here before its launcher starts, so NVRx's rendezvous keeps it as the spare instead of letting
-    it in before a tested node."""
-    import pickle
+    full job) waits here before its launcher starts, so the rendezvous keeps it as the spare instead of letting
+    it in before a tested node. `rendezvous`: "resctl" (resctl's, read through its typed state) or "nvrx"
+    (NVRx 0.4/0.5's c10d state; NVRx >= 0.6's own cannot be read: `UnreadableRendezvous`)."""
     from datetime import timedelta
 
     import torch.distributed as dist
-    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.c10d_rendezvous_backend import (
-        C10dRendezvousBackend,
-    )
 
     from resctl.profile.schema import split_endpoint
 
+    full = _full_round_reader(run_id, nodes, rendezvous)
     host, port = split_endpoint(endpoint, 0)
     deadline = time.monotonic() + timeout
     store = None
@@ -173,11 +254,39 @@ def wait_for_full_round(endpoint: str, run_id: str, nodes: int, timeout: float, 
             if store is None:
                 socket.create_connection((host, port), timeout=1.0).close()  # c10d logs each failed connect loudly
                 store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(1.0, 4 * poll)))
-            got = C10dRendezvousBackend(store, run_id).get_state()
-            state = pickle.loads(got[0]) if got else None  # the job's own rendezvous store (NVRx reads it so)
-            if state is not None and state.complete and len(state.participants) >= nodes:
+            if full(store):
                 return True
         except Exception:  # noqa: BLE001 - the host's launcher not up yet, or the state not written: poll again
             store = None
         time.sleep(poll)
     return False
+
+
+class UnreadableRendezvous(Exception):
+    """The preflight's wait cannot read this rendezvous (NVRx >= 0.6's own, launch.rendezvous = "nvrx")."""
+
+
+def _full_round_reader(run_id: str, nodes: int, rendezvous: str) -> Any:
+    """A function of the store: True once a round of at least `nodes` nodes has closed."""
+    if rendezvous == "resctl":
+        from resctl.launch.owned_rdzv import read_state
+
+        return lambda store: read_state(store, run_id).full_with(nodes)
+    import pickle
+
+    try:
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.c10d_rendezvous_backend import (
+            C10dRendezvousBackend,
+        )
+    except ImportError as err:
+        raise UnreadableRendezvous(
+            f"NVRx {_nvrx_version()}'s own rendezvous (launch.rendezvous = \"nvrx\") cannot be read by resctl, so "
+            "this node cannot wait there for the tested nodes' round; resctl's rendezvous (launch.rendezvous = "
+            "\"auto\", the default) can") from err
+
+    def nvrx_full(store: Any) -> bool:
+        got = C10dRendezvousBackend(store, run_id).get_state()
+        state = pickle.loads(got[0]) if got else None  # the job's own rendezvous store (NVRx reads it so)
+        return state is not None and state.complete and len(state.participants) >= nodes
+
+    return nvrx_full

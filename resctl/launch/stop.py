@@ -14,20 +14,21 @@ or unreadable file therefore errs on the side of saving, and the launcher's shor
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import stat
 import tempfile
-import threading
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
-ENV = "RESCTL_STOP_FILE"
+from resctl.profile import contract
+from resctl.profile.contract import FATAL_FILE, read_fatal, record_fatal
+
+ENV = contract.STOP_FILE
 #: Set by the launcher for workers it starts after a job stop arrived while it was restarting (the
 #: signal had no worker to reach): such a worker begins the job stop as soon as its shim is in place.
-JOB_STOP_ENV = "RESCTL_JOB_STOP"
-FATAL_FILE = "fatal.json"  # in the run directory: a worker's reason to stop the job instead of restarting it
+JOB_STOP_ENV = contract.JOB_STOP
+__all__ = ["ENV", "FATAL_FILE", "JOB_STOP_ENV", "read_fatal", "record_fatal", "stop_job"]  # fatal.json: the contract's
 
 
 def file_for(launcher_pid: int) -> Path:
@@ -159,30 +160,3 @@ def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int
         os.kill(os.getppid(), signal.SIGTERM)
     except OSError:
         pass
-
-
-def record_fatal(run_dir: Path, record: dict[str, Any]) -> None:
-    """Write fatal.json once per run: complete before it is visible, first writer wins (a rank stopped
-    mid-write by another rank's SIGTERM to the launcher must not leave an empty reason behind).
-    `record` holds `exit_code` and `error`, and `rank` (a worker's) or `cause` (`resctl run`'s own,
-    e.g. no_progress from the health watch)."""
-    from resctl.redact import redact_text
-
-    if isinstance(record.get("error"), str):  # an exception's text may quote a URL with its token
-        record = {**record, "error": redact_text(record["error"])}
-    tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}.{threading.get_ident()}"
-    try:
-        tmp.write_text(json.dumps(record), encoding="utf-8")
-        os.link(tmp, run_dir / FATAL_FILE)
-    except OSError:
-        pass  # another rank said it first (or the run dir is gone): one reason is enough
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def read_fatal(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        record = json.loads((run_dir / FATAL_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("exit_code"), int) else None

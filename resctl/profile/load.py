@@ -25,7 +25,8 @@ from typing import Any, Mapping, Sequence
 from pydantic import ValidationError
 
 from resctl.errors import Problem, ProfileError
-from resctl.profile.schema import SECTIONS, Profile, env_name, is_duration, key_name, keys
+from resctl.profile import contract
+from resctl.profile.schema import ENV_PREFIX, SECTIONS, Profile, env_name, is_duration, key_name, keys
 from resctl.redact import redact_rdzv_conf, redact_value
 
 if sys.version_info >= (3, 11):
@@ -36,7 +37,7 @@ else:  # pragma: no cover
 DEFAULT_FILE = "resctl.toml"
 DEFAULT_SOURCE = "default"
 # RESCTL_* variables that are not profile keys: resctl's own switches and the plan it hands workers.
-RESERVED_ENV = {"RESCTL_DEBUG", "RESCTL_PROFILE", "RESCTL_FAULTS", "RESCTL_PLAN", "RESCTL_RUN_DIR", "RESCTL_PRELOAD"}
+RESERVED_ENV = {contract.DEBUG, contract.PROFILE, contract.FAULTS, contract.PLAN, contract.RUN_DIR, contract.PRELOAD}
 
 
 @dataclass
@@ -131,9 +132,9 @@ def file_layer(path: Path) -> tuple[Layer, list[Problem]]:
 def env_layer(env: Mapping[str, str]) -> tuple[Layer, list[Problem]]:
     layer, problems = Layer("environment"), []
     by_env = {env_name(dotted): dotted for dotted in keys()}
-    section_prefixes = tuple(f"RESCTL_{s.upper()}_" for s in SECTIONS)
+    section_prefixes = tuple(f"{ENV_PREFIX}{s.upper()}_" for s in SECTIONS)
     for name, raw in env.items():
-        if not name.startswith("RESCTL_") or name in RESERVED_ENV:
+        if not name.startswith(ENV_PREFIX) or name in RESERVED_ENV:
             continue
         dotted = by_env.get(name)
         if dotted is None:
@@ -144,14 +145,14 @@ def env_layer(env: Mapping[str, str]) -> tuple[Layer, list[Problem]]:
             continue
         layer.values[dotted] = parse_env_value(dotted, raw)
         layer.labels[dotted] = f"env {name}"
-    if env.get("RESCTL_FAULTS"):
+    if env.get(contract.FAULTS):
         from resctl.drills import parse_schedule  # the drill registry: imports nothing
 
         try:
-            layer.values["faults.schedule"] = parse_schedule(env["RESCTL_FAULTS"])
+            layer.values["faults.schedule"] = parse_schedule(env[contract.FAULTS])
             layer.labels["faults.schedule"] = "env RESCTL_FAULTS"
         except ValueError as err:
-            problems.append(Problem("env RESCTL_FAULTS", "faults.schedule", str(err), env["RESCTL_FAULTS"],
+            problems.append(Problem(f"env {contract.FAULTS}", "faults.schedule", str(err), env[contract.FAULTS],
                                     "use KIND@STEP[:RANK],... e.g. sigkill@30:1,exception@50"))
     return layer, problems
 
@@ -187,8 +188,8 @@ def find_file(explicit: str | os.PathLike[str] | None, cwd: Path, env: Mapping[s
     """The profile file to load and how it was chosen: "-p", "env RESCTL_PROFILE" or "working directory"."""
     if explicit:
         return Path(explicit), "-p"
-    if env.get("RESCTL_PROFILE"):
-        return Path(env["RESCTL_PROFILE"]), "env RESCTL_PROFILE"
+    if env.get(contract.PROFILE):
+        return Path(env[contract.PROFILE]), f"env {contract.PROFILE}"
     candidate = cwd / DEFAULT_FILE
     return (candidate, "working directory") if candidate.is_file() else (None, "")
 

@@ -7,12 +7,12 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from resctl.checkpoint import slots  # pure facts of the memory tier (imports nothing)
+from resctl import slots  # pure facts of the memory tier (imports nothing)
 from resctl.drills import FaultKind
 from resctl.profile.units import parse_duration
 
@@ -41,7 +41,24 @@ _CONF_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$", re.ASCII)
 _VERSION = re.compile(r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([.+-]?[A-Za-z0-9.+-]*)?$", re.ASCII)
 
 
-def nnodes_range(nnodes: str) -> tuple[int, int]:
+class NodeRange(NamedTuple):
+    """launch.nnodes parsed: "4" is (4, 4), "2:4" is (2, 4)."""
+
+    min: int
+    max: int
+
+
+class Endpoint(NamedTuple):
+    """A rendezvous endpoint parsed: "HOST[:PORT]" or "[IPV6]:PORT"."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def nnodes_range(nnodes: str) -> NodeRange:
     """(MIN, MAX) of "4" or "2:4". Raises ValueError unless 0 < MIN <= MAX."""
     match = _NNODES.match(nnodes)
     if not match:
@@ -50,10 +67,10 @@ def nnodes_range(nnodes: str) -> tuple[int, int]:
     high = int(match.group(2) or low)
     if not 0 < low <= high:
         raise ValueError(f"{nnodes!r}: expected 0 < MIN <= MAX")
-    return low, high
+    return NodeRange(low, high)
 
 
-def split_endpoint(value: str, default_port: int) -> tuple[str, int]:
+def split_endpoint(value: str, default_port: int) -> Endpoint:
     """(host, port) of "HOST[:PORT]" or "[IPV6]:PORT". Raises ValueError saying what is wrong."""
     value = value.strip()
     if value.startswith("["):
@@ -70,10 +87,10 @@ def split_endpoint(value: str, default_port: int) -> tuple[str, int]:
     if not host or any(ch.isspace() or ch in "/@," for ch in host):
         raise ValueError("the host is missing or not a host name (expected HOST:PORT)")
     if not port_text:
-        return host, default_port
+        return Endpoint(host, default_port)
     if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
         raise ValueError("the port must be a number from 0 to 65535")
-    return host, int(port_text)
+    return Endpoint(host, int(port_text))
 
 
 def nvrx_series(version: str) -> str:
@@ -232,13 +249,13 @@ class Launch(Section):
         "(forked and exec'd alike). resctl's shim leaves at once on such a SIGTERM; this bounds a worker that cannot.",
     )
     rendezvous: Literal["auto", "nvrx", "resctl"] = Field(
-        "nvrx", description="Which rendezvous the launcher's agents meet in. nvrx: NVRx's own (on 0.4 one key holds "
-        "the whole membership, every change a compare-and-set of it, and a restart round after a lost node first "
-        "waits 5 s x 3 for that node's keep-alive to expire). resctl: resctl's (O(1) store requests per node and "
-        "round; a restart round waits for no lost node that it does not need; NVRx 0.4 with the any-failed "
-        "policy; not yet: the spare console lines, the peer-stop decision and the preflight's wait for a full "
-        "round, which read NVRx's state). auto: resctl's where it can stand in, else NVRx's (min-healthy, NVRx "
-        "0.6+). docs/architecture.md, issue 25.",
+        "auto", description="Which rendezvous the launcher's agents meet in, on every NVRx version. resctl: resctl's "
+        "(O(1) store requests per node and round; a restart round waits for no lost node that it does not need; "
+        "spares, node stop and the cluster preflight read its typed state). auto (the default): resctl's, except "
+        "with the min-healthy restart policy (NVRx 0.4 with in-process restart), which needs NVRx's worker states. "
+        "nvrx: NVRx's own (0.4: one key holds the whole membership and a restart round after a lost node first "
+        "waits 5 s x 3 for its keep-alive to expire; 0.6+: its barrier rendezvous, where resctl cannot decide "
+        "after a peer's stop nor hold a preflight spare back). docs/architecture.md, issues 25 and 30.",
     )
     rdzv_keep_alive: Duration = Field(
         1.0, gt=0, description="launch.rendezvous = \"resctl\": how often each node's agent renews its heartbeat in "
@@ -290,6 +307,18 @@ class Launch(Section):
     use_shim: bool = Field(True, description="Start workers through resctl.shim (heartbeats, checkpoints, restarts).")
     nvrx_version: Annotated[str, AfterValidator(_check_version)] = Field("auto", description="NVRx version to plan for; auto reads the installed package.")
 
+    @property
+    def node_range(self) -> NodeRange:
+        """launch.nnodes as (MIN, MAX), parsed (the validator has checked it)."""
+        return nnodes_range(self.nnodes)
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        """launch.rdzv_endpoint parsed (its port defaults to launch.rdzv_port); None for "auto"."""
+        if self.rdzv_endpoint.lower() == "auto":
+            return None
+        return split_endpoint(self.rdzv_endpoint, self.rdzv_port)
+
     @model_validator(mode="after")
     def _launcher_rules(self) -> Launch:
         endpoint_set = self.rdzv_endpoint.lower() != "auto"
@@ -314,9 +343,6 @@ class Launch(Section):
         if self.rendezvous == "resctl" and self.restart_policy == "min-healthy":
             raise ValueError("launch.rendezvous = \"resctl\" keeps no worker states, which restart_policy "
                              "\"min-healthy\" needs; use restart_policy = \"any-failed\" or rendezvous = \"nvrx\"")
-        if self.rendezvous == "resctl" and self.nvrx_version != "auto" and nvrx_series(self.nvrx_version) != "0.4":
-            raise ValueError(f"launch.rendezvous = \"resctl\" stands in for NVRx 0.4's rendezvous; NVRx "
-                             f"{self.nvrx_version} has its own barrier rendezvous: use rendezvous = \"nvrx\"")
         return self
 
 
@@ -471,10 +497,11 @@ class Health(Section):
     already write: no per-step cost), the cluster preflight's verdicts are acted on."""
 
     no_progress_cycles: int = Field(
-        0, ge=0,
+        3, ge=0,
         description="Stop the job (exit 93, as NVRx >= 0.6: do not requeue) once this many launcher cycles in a "
         "row, the first included, ended without a step beyond the best step before them, instead of spending "
-        "every restart; 0: off (restarts stop only at launch.max_restarts).",
+        "every restart (NVRx >= 0.6's default, 3; resctl counts steps from the events, so NVRx's own "
+        "checkpoint-file count is turned off); 0: off (restarts stop only at launch.max_restarts).",
     )
     stragglers: bool = Field(
         True, description="Name a rank whose recent step times stay slower than the other ranks' median "
@@ -590,6 +617,9 @@ def keys() -> dict[str, tuple[str, str]]:
     return out
 
 
+ENV_PREFIX = "RESCTL_"  # every variable of resctl's: a key's override here, the rest in resctl.profile.contract
+
+
 def env_name(dotted: str) -> str:
     """'launch.nproc_per_node' -> 'RESCTL_LAUNCH_NPROC_PER_NODE'."""
-    return "RESCTL_" + dotted.replace(".", "_").upper()
+    return ENV_PREFIX + dotted.replace(".", "_").upper()

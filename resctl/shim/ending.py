@@ -4,8 +4,9 @@ An interpreter that runs a script ends in a fixed order (CPython's `Py_RunMain`)
 exception goes to `sys.excepthook` (the traceback on stderr, from the script's own frame); a
 `SystemExit` becomes the exit status (None -> 0, an int -> itself, anything else is printed to
 stderr and gives 1); then non-daemon threads are joined, `atexit` handlers run, the standard
-streams are flushed, and an uncaught `KeyboardInterrupt` ends the process by SIGINT (status -2,
-what a shell shows as 130).
+streams are flushed, the script's module is torn down (its objects' `__del__` run, a file it never
+closed is flushed), and an uncaught `KeyboardInterrupt` ends the process by SIGINT (status -2, what
+a shell shows as 130).
 
 A worker forked from the launcher runs inside torch's multiprocessing wrapper, which does none of
 that: it skips `atexit`, reports an exception through a queue to the launcher's log instead of the
@@ -17,10 +18,14 @@ the result the launcher waits for (`resctl.launch.adapters` now takes "exited wi
 from __future__ import annotations
 
 import atexit
+import gc
+import io
 import os
 import signal
 import sys
 import threading
+import types
+import weakref
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Callable
@@ -136,6 +141,75 @@ def finalize() -> None:
     _flush()
 
 
+def teardown_main(ending: Ending) -> None:
+    """What `Py_Finalize` does to the script's module, for a forked worker that leaves by `os._exit`.
+    The module leaves `sys.modules` and the garbage is collected, so its objects' `__del__` run (with
+    the script's names still there) and a file the script never closed is flushed and closed; a module
+    something still holds (a thread running the script's code) is then cleared as CPython clears one.
+    Other threads wait meanwhile, as at the interpreter's end."""
+    main = sys.modules.pop("__main__", None)
+    if main is None:
+        return
+    held = weakref.ref(main)
+    for attr in ("last_type", "last_value", "last_traceback"):
+        setattr(sys, attr, None)
+    _drop_tracebacks(ending.error)  # a traceback's frames hold the script's names
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e6)
+    try:
+        _flush_files_in(vars(main))
+        del main
+        gc.collect()
+        if (alive := held()) is not None:
+            _clear_module(vars(alive))
+            del alive
+            gc.collect()
+    finally:
+        sys.setswitchinterval(interval)
+
+
+#: What the walk from the script's names does not enter: other modules' names, classes, code.
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.CodeType, types.FrameType, types.BuiltinFunctionType)
+
+
+def _flush_files_in(names: dict[str, object], depth: int = 5, most: int = 100_000) -> None:
+    """Flush the files the script's objects hold (a few levels down): a collection closes the
+    garbage's files in no set order, and a text file closed after its buffer loses what it held
+    (CPython's own shutdown frees the script's module otherwise and keeps it)."""
+    seen: set[int] = {id(names)}
+    frontier: list[object] = [names]
+    files: list[io.IOBase] = []
+    for _ in range(depth):
+        found: list[object] = []
+        for ref in (r for obj in frontier for r in gc.get_referents(obj)):
+            if id(ref) in seen or isinstance(ref, _OPAQUE) or len(seen) >= most:
+                continue
+            seen.add(id(ref))
+            (files if isinstance(ref, io.IOBase) else found).append(ref)
+        frontier = found
+    for f in files:
+        try:
+            if not f.closed and f.writable():
+                f.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _drop_tracebacks(err: BaseException | None) -> None:
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        err.__traceback__ = None
+        err = err.__cause__ or err.__context__
+
+
+def _clear_module(names: dict[str, object]) -> None:
+    """CPython's `_PyModule_ClearDict`: names with one leading underscore to None, then all but `__builtins__`."""
+    for underscore in (True, False):
+        for name in [n for n in names if n != "__builtins__" and (n[:1] == "_" and n[:2] != "__") == underscore]:
+            names[name] = None
+
+
 def leave(ending: Ending, *, forked: bool) -> int:
     """End the worker as the interpreter would end after `ending`. An exec'd worker returns its
     status for `sys.exit` (the interpreter does the rest, as for any script); a forked one leaves
@@ -144,12 +218,15 @@ def leave(ending: Ending, *, forked: bool) -> int:
     launcher takes an exit with 0 for done, `resctl.launch.adapters`)."""
     if ending.by_sigint:
         finalize()
+        teardown_main(ending)  # CPython too tears down before it kills itself by SIGINT
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
         os.kill(os.getpid(), signal.SIGINT)
     if not forked:
         return ending.code
     finalize()
+    teardown_main(ending)
+    _flush()
     os._exit(ending.code)
 
 

@@ -13,7 +13,8 @@ puts back what a new interpreter starts with, before the shim or the script runs
 - **logging**: the root logger without the launcher's handlers, at WARNING; the default record
   factory; warnings no longer captured into the launcher's log (`logging.basicConfig` works).
 - **warnings**: `showwarning` is the standard one again; "once"/"default" registries forgotten, so a
-  warning the launcher saw is shown again by the worker, as by a new process.
+  warning the launcher saw is shown again by the worker, as by a new process; the warnings raised
+  while the launcher imported torch for the workers are shown again (through the worker's filters).
 - **hooks**: `sys.excepthook`, `threading.excepthook`, `sys.unraisablehook` are the defaults; the
   fault handler (enabled by torch elastic's error handler in the launcher) is off unless
   `PYTHONFAULTHANDLER` or `-X faulthandler` asks for it.
@@ -44,13 +45,14 @@ import warnings
 from typing import Any
 
 from resctl.launch import preload
+from resctl.profile import contract
 
 
 def is_forked_worker(env: Any = os.environ) -> bool:
     """Forked from the launcher (not exec'd): multiprocessing knows a parent process."""
     import multiprocessing
 
-    return env.get("RESCTL_PRELOAD") == "1" and multiprocessing.parent_process() is not None
+    return env.get(contract.PRELOAD) == "1" and multiprocessing.parent_process() is not None
 
 
 def reset() -> list[str]:
@@ -98,6 +100,7 @@ def _warnings() -> None:
     warnings.showwarning = getattr(warnings, "_showwarning_orig", warnings.showwarning)
     warnings.onceregistry.clear()  # type: ignore[attr-defined]
     warnings._filters_mutated()  # type: ignore[attr-defined]  # every module's __warningregistry__ is stale now
+    preload.ImportWarnings.replay()  # what importing torch warned in the launcher, as a new interpreter shows it
 
 
 def _hooks() -> None:
@@ -237,6 +240,6 @@ def _environment() -> None:
     """Variables the plan set for the launcher alone (PYTHONUNBUFFERED: its streams, which the
     workers inherit, are unbuffered as `python -u` makes torchrun's; the variable itself is not in
     a torchrun worker's environment)."""
-    for name in os.environ.pop("RESCTL_ADDED_ENV", "").split(","):
+    for name in os.environ.pop(contract.ADDED_ENV, "").split(","):
         if name:
             os.environ.pop(name, None)

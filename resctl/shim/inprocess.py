@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from resctl.launch.preload import LATE_PRELOAD
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
 from resctl.shim.agent_store import round_prefix, uses_agent_store
@@ -308,6 +309,22 @@ def restart_line(app: Any, shim: RestartHost, iteration: int) -> str:
     return f"resctl: {cause}; ranks re-run the script in place ({count})"
 
 
+def import_before_interrupts() -> None:
+    """Import what torch imports lazily mid-script (`LATE_PRELOAD`: torch._dynamo and sympy with the first
+    optimizer, FSDP with the first wrap) before the wrapper may interrupt the script. The wrapper's RankShouldRestart is
+    raised asynchronously wherever the main thread is; raised inside such an import it left the module half
+    executed for the next iteration ("module 'torch._dynamo' has no attribute 'utils'", seen under load).
+    A script that builds an optimizer imports them anyway; a forked worker has them from the launcher
+    (resctl.launch.preload) once its late preload ran."""
+    import importlib
+
+    for name in LATE_PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the script that needs it imports (and reports) it itself
+            continue
+
+
 def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseException], None] = lambda err: None) -> None:
     """Run `target` under the wrapper until it completes on every rank (or the wrapper gives up,
     which raises and so hands over to the launcher's in-job restart)."""
@@ -315,6 +332,7 @@ def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseExcep
     from nvidia_resiliency_ext import inprocess
     from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
 
+    import_before_interrupts()
     rank = int(os.environ["RANK"])
     app = app_store()
     announce_world(shim)

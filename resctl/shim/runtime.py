@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from resctl.checkpoint import memdir
 from resctl.drills import KINDS, FaultKind
 from resctl.patching import Patches
+from resctl.profile import contract
 from resctl.profile.schema import Profile
-from resctl.shim import agent_store, ending, fork_env, forked, snapshots
+from resctl.shim import agent_store, busy, ending, fork_env, forked, snapshots
+from resctl.shim.busy import BusyClock
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
 from resctl.shim.stopstep import ANY_STEP, StopStep, StopStepUnavailable, open_for_default_group
@@ -56,10 +58,10 @@ def beat_interval(timeout: float | None) -> float:
 
 
 def load_plan(env: dict[str, str] | os._Environ[str]) -> tuple[Profile, Path | None]:
-    path = env.get("RESCTL_PLAN")
-    if not path:
-        return Profile(), (Path(env["RESCTL_RUN_DIR"]) if env.get("RESCTL_RUN_DIR") else None)
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    handed = contract.Handed.of(env)
+    if handed.plan is None:
+        return Profile(), handed.run_dir
+    data = json.loads(handed.plan.read_text(encoding="utf-8"))
     return Profile.model_validate(data["profile"]), Path(data["run_dir"])
 
 
@@ -133,6 +135,7 @@ class Shim:
         self.heartbeats = Heartbeats(self.events)
         self.faults = FaultPlan([f.model_dump() for f in profile.faults.schedule], self.rank, run_dir)
         self.step = 0
+        self.step_epoch: tuple[int, int] | None = None  # (cycle, iteration) of the last optimizer step
         self._last_step_t = time.monotonic()
         self.sigterm_at: float | None = None
         #: The engine, once `_configure_checkpoint` made it; the shim is its `Hooks` (heartbeat,
@@ -155,6 +158,9 @@ class Shim:
         self._next_beat = 0.0  # the first step beats at once (it ends the initial timeout)
         #: Every change the shim makes to torch, NVRx and the standard library; `undo()` reverts them.
         self.patches = Patches("shim")
+        #: Each step's own work before DDP's all-reduce (the straggler detector's measure in a synchronous job).
+        self.busy = BusyClock()
+        self._busy_off: Callable[[], None] | None = None
 
     # -- hooks -------------------------------------------------------------------------------
     def on_optimizer_step(self, *_: Any) -> None:
@@ -163,7 +169,12 @@ class Shim:
         progress ping; so a step costs microseconds however short it is (bench/bench_shim_step.py)."""
         self.step += 1
         now = time.monotonic()
-        self.events.step(self.step, now - self._last_step_t)
+        if self._busy_off is not None:  # every DDP module has had its first forward: no global pre-hook from now
+            off, self._busy_off = self._busy_off, None
+            off()
+        events = self.events
+        self.step_epoch = (events.cycle, events.iteration)
+        events.step(self.step, now - self._last_step_t, self.busy.boundary(now))
         self._last_step_t = now
         if now >= self._next_beat:
             self._next_beat = now + self.beat_every
@@ -239,7 +250,7 @@ class Shim:
 
     def on_resume(self, step: int, load_seconds: float = 0.0, **detail: Any) -> None:
         self.step = step
-        self._last_step_t = time.monotonic()  # the first step's duration excludes start-up and load
+        self._last_step_t = self.busy.start = time.monotonic()  # the first step's duration excludes start-up and load
         self._next_beat = 0.0  # the first step after a resume beats at once
         self.events.emit("resume", step=step, load_seconds=round(load_seconds, 6), **detail)
         # A job stop the launcher handed over begins once the state is loaded: its final save needs it.
@@ -336,13 +347,13 @@ class Shim:
         t0 = time.monotonic()
         try:
             agreed = coordinator.agree(timeout=max(0.0, self._stop_deadline - t0) / 2, tick=self.heartbeat)
-            outcome = "agreed"
+            outcome, why = "agreed", {}
         except StopStepUnavailable as err:
             print(f"resctl: rank {self.rank}: saving at step {step} without the other ranks: {err}",
                   file=sys.stderr, flush=True)
-            agreed, outcome = step, "alone"
+            agreed, outcome, why = step, "alone", {"why": str(err)}
         self.events.emit("stop", step=agreed, at=step, proposed=coordinator.proposal, outcome=outcome,
-                         seconds=round(time.monotonic() - t0, 6))
+                         seconds=round(time.monotonic() - t0, 6), **why)
         return agreed
 
     def _exit_after_grace(self) -> None:
@@ -379,6 +390,8 @@ class Shim:
             self.stop_step.close()
             if status == "ok":
                 self.stop_step.outlast(OUTLAST)  # where rank 0 hosts the store the others still wait on
+        elif self.stop_step is not None:  # the others may not have read the stop step from rank 0's store yet
+            self.stop_step.outlast_agreement(min(OUTLAST, max(0.0, self._stop_deadline - time.monotonic())))
         if self.checkpointer is not None:
             self.checkpointer.drop_recycled()  # no write of this process will reuse it
         if status == "ok" and self.checkpointer is not None and not os.environ.get(memdir.LAUNCH_ENV):
@@ -396,6 +409,8 @@ class Shim:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.patches.on_undo(register_optimizer_step_post_hook(self.on_optimizer_step).remove)
+        if self.profile.health.stragglers:  # each rank's own work in a DDP step (resctl.shim.busy)
+            self._busy_off = busy.install(self.busy, self.patches)
         original_init = dist.init_process_group
         shim = self
 
@@ -458,16 +473,17 @@ class Shim:
 
         ckpt = Checkpointer(self.profile.checkpoint, events=self.events, hooks=self)
         self.checkpointer = checkpoint.set_default(ckpt)
+        extras = None
         if self.profile.checkpoint.intercept_torch_save:
             from resctl.checkpoint import intercept
 
             intercept.install(self.profile.checkpoint.intercept_torch_save, ckpt.writes)
             self.patches.on_undo(intercept.uninstall)
+            extras = intercept.EXTRAS  # the data position is saved beside every snapshot too
         if self.profile.checkpoint.data_position:  # every loader's position joins every checkpoint
             from resctl.checkpoint import dataposition
 
-            snapshots_too = bool(self.profile.checkpoint.intercept_torch_save)
-            self.patches.on_undo(dataposition.install_auto(self.events, snapshots_too))
+            self.patches.on_undo(dataposition.install_auto(self.events, extras))
 
     # -- running ---------------------------------------------------------------------------
     def run_target(self, target: Target) -> None:

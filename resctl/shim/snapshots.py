@@ -2,8 +2,9 @@
 one a restart loaded.
 
 `install(shim)` wraps `torch.save` and `torch.load` (after the checkpoint interceptor, if any, so
-both intercepted and plain saves pass through here; torch.save to a file object or BytesIO is
-left alone):
+both intercepted and plain saves pass through here), safetensors' `save_file`/`load_file` (what
+transformers and accelerate write model weights with), and local files opened through fsspec
+(what PyTorch Lightning and Fabric write and read their checkpoints with):
 
 - `torch.save(obj, path)` records a `snapshot` event when it returns: the optimizer steps the
   shim counted so far, the path, the time it blocked and, when the file is complete (a plain
@@ -15,6 +16,12 @@ left alone):
   count there and records `resume` with `source="torch.load"`, so later step events carry the
   script's real step numbers and `resctl report` counts resume point, rollback and kept steps
   right. A file the run never wrote (pretrained weights) changes nothing.
+- a save that is not to a path is followed to the file it lands in: into an open file (a path in its
+  `name`), recorded when torch.save returns; into memory (Lightning's `torch.save(checkpoint,
+  BytesIO)`, then an fsspec write of those bytes), recorded when an fsspec local file of exactly
+  that size is closed or committed (`fsspec_hook`); a load from a file object with a path (`name`,
+  or an fsspec file's `path`) is looked up as a load of that path. Bytes that never reach a local
+  file (object stores) are not counted: resctl cannot tell when they are durable.
 
 The run directory must be visible to the loading rank (it is for every rank of a node; on other
 nodes with a node-local run directory only rank 0's count matters to the report).
@@ -23,11 +30,14 @@ nodes with a node-local run directory only rank 0's count matters to the report)
 from __future__ import annotations
 
 import os
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from resctl.patching import Patches
+from resctl.shim import savetargets
 from resctl.telemetry.events import EventLog, parse_line, rank_files
 from resctl.telemetry.snapshots import SnapshotLedger, file_id
 
@@ -44,6 +54,9 @@ class SnapshotHost(Protocol):
     events: EventLog
     patches: Patches
     step: int
+    #: (cycle, iteration) of the last optimizer step (None before the first): the shim's own step
+    #: hook keeps it, so no second global hook runs every step.
+    step_epoch: tuple[int, int] | None
 
     @property
     def checkpointer(self) -> PendingWrites | None: ...
@@ -54,13 +67,27 @@ _MARKS = (b'"snapshot"', b'"path"')  # only these lines can matter to the ledger
 CHUNK = 8 << 20
 
 
+@dataclass(frozen=True)
+class InMemory:
+    """A torch.save into memory (or into a file that is complete only when closed or committed),
+    waiting for the file its bytes land in."""
+
+    step: int
+    nbytes: int
+    t0: float  # time.monotonic() when the torch.save began
+
+
 class SnapshotTracker:
     def __init__(self, shim: SnapshotHost) -> None:
         self.shim = shim
         self.ledger = SnapshotLedger(remember=True)
         self._offsets: dict[Path, int] = {}
-        self._epoch: tuple[int, int] | None = None  # (cycle, iteration) of the last optimizer step
         self._resumed: tuple[tuple[int, int], int] | None = None
+        self.in_memory: InMemory | None = None
+
+    @property
+    def step(self) -> int:
+        return self.shim.step
 
     # -- saving ------------------------------------------------------------------------------
     def saved(self, path: str, step: int, seconds: float) -> None:
@@ -76,16 +103,31 @@ class SnapshotTracker:
         self.shim.events.emit("snapshot", step=step, path=path, seconds=round(seconds, 6), bytes=size,
                               file_id=ident, pending=pending or None)
 
-    # -- loading -----------------------------------------------------------------------------
-    def on_step(self, *_: Any) -> None:
-        self._epoch = self._current()
+    def saved_to_memory(self, step: int, nbytes: int, t0: float) -> None:
+        self.in_memory = InMemory(step, nbytes, t0)
 
+    def file_written(self, path: str) -> None:
+        """A local file the script has just completed (fsspec close or commit): when it holds exactly
+        the bytes of the last torch.save into memory, it is that snapshot, as durable as a plain save."""
+        pending = self.in_memory
+        if pending is None:
+            return
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            return
+        if size != pending.nbytes:
+            return
+        self.in_memory = None
+        self.saved(os.path.abspath(path), pending.step, time.monotonic() - pending.t0)
+
+    # -- loading -----------------------------------------------------------------------------
     def _current(self) -> tuple[int, int]:
         return self.shim.events.cycle, self.shim.events.iteration
 
-    def loaded(self, path: str, seconds: float) -> None:
+    def loaded(self, path: str, seconds: float, file_object: bool = False) -> None:
         epoch = self._current()
-        if self._epoch == epoch:
+        if self.shim.step_epoch == epoch:
             return  # this epoch has made steps: an evaluation, not a resume
         try:
             ident = file_id(os.stat(path))
@@ -97,6 +139,9 @@ class SnapshotTracker:
             return
         self._resumed = (epoch, step)
         self.shim.on_resume(step, load_seconds=seconds, path=path, source="torch.load")
+        if file_object:
+            note_unpositioned_resume(path)
+
 
     def _catch_up(self) -> None:
         """Feed the ledger what every rank appended since the last look (only candidate lines)."""
@@ -130,6 +175,19 @@ class SnapshotTracker:
         return True
 
 
+def note_unpositioned_resume(path: str) -> None:
+    """With `checkpoint.data_position`, say once that a checkpoint loaded from a file object (PyTorch
+    Lightning's and Fabric's way) carries no data position: its loaders start the interrupted epoch over."""
+    data = sys.modules.get("resctl.checkpoint.dataposition")
+    registry = getattr(data, "REGISTRY", None)
+    if registry is None or not registry.auto:
+        return
+    first_rank = os.environ.get("RANK", "0") == "0"  # one console line per job; every rank's event
+    registry.say("unpositioned", "framework", f"{os.path.basename(path)} is the framework's own checkpoint (PyTorch "
+                 "Lightning and Fabric write it from rank 0 alone): it holds no data position, so the interrupted "
+                 "epoch starts over; docs/frameworks.md says what resumes exactly", quiet=not first_rank)
+
+
 def _path(f: Any) -> str | None:
     if isinstance(f, (str, os.PathLike)):
         given = os.fspath(f)
@@ -138,34 +196,70 @@ def _path(f: Any) -> str | None:
     return None
 
 
+def _file_path(f: Any) -> str | None:
+    """The local path behind an open file: a built-in file's `name`, an fsspec local file's `path`."""
+    for attr in ("path", "name"):
+        value = getattr(f, attr, None)
+        if isinstance(value, str) and os.path.exists(value):
+            return os.path.abspath(value)
+    return None
+
+
+def _tell(f: Any) -> int | None:
+    try:
+        return int(f.tell())
+    except (AttributeError, OSError, ValueError, TypeError):
+        return None
+
+
+def save_to_file_object(tracker: SnapshotTracker, save: Any, obj: object, f: Any, args: Any, kwargs: Any) -> Any:
+    """torch.save into a file object: an open local file is a snapshot when torch.save returns (flushed);
+    anything else (BytesIO, an fsspec file committed later) waits for the file its bytes land in."""
+    step, t0, before = tracker.shim.step, time.monotonic(), _tell(f)
+    result = save(obj, f, *args, **kwargs)
+    after = _tell(f)
+    if isinstance(getattr(f, "name", None), str) and hasattr(f, "fileno") and not hasattr(f, "fs"):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            return result
+        path = _file_path(f)
+        if path is not None:
+            tracker.saved(path, step, time.monotonic() - t0)
+        return result
+    if before is not None and after is not None and after > before:
+        tracker.saved_to_memory(step, after, t0)  # the whole buffer is what gets written
+    return result
+
+
 def install(shim: SnapshotHost) -> SnapshotTracker | None:
     """Wrap torch.save/torch.load for `shim` (no run directory: nothing to record, not installed)."""
     if shim.run_dir is None:
         return None
     import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     tracker = SnapshotTracker(shim)
     orig_save, orig_load = torch.save, torch.load
 
     def save(obj: object, f: Any, *args: Any, **kwargs: Any) -> Any:
         path = _path(f)
+        if path is None:
+            return save_to_file_object(tracker, orig_save, obj, f, args, kwargs)
         step, t0 = shim.step, time.monotonic()
         result = orig_save(obj, f, *args, **kwargs)
-        if path is not None:
-            tracker.saved(path, step, time.monotonic() - t0)
+        tracker.saved(path, step, time.monotonic() - t0)
         return result
 
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         path = _path(f)
+        from_file = _file_path(f) if path is None else None
         t0 = time.monotonic()
         result = orig_load(f, *args, **kwargs)
-        if path is not None:
-            tracker.loaded(path, time.monotonic() - t0)
+        if path is not None or from_file is not None:
+            tracker.loaded(path or from_file or "", time.monotonic() - t0, file_object=from_file is not None)
         return result
 
     save.__doc__, load.__doc__ = orig_save.__doc__, orig_load.__doc__
     shim.patches.set(torch, "save", save)
     shim.patches.set(torch, "load", load)
-    shim.patches.on_undo(register_optimizer_step_post_hook(tracker.on_step).remove)
+    savetargets.install(tracker, shim.patches)
     return tracker

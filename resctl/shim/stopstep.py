@@ -49,6 +49,7 @@ PREFIX = "resctl/stop/"
 COUNT = PREFIX + "count"
 ALL = PREFIX + "all"
 MAX = PREFIX + "max"
+READ = PREFIX + "read"  # ranks that have read the agreed step (rank 0, hosting the store, waits for them)
 #: How long the wake thread's blocking wait lasts before it is renewed (c10d logs a timed-out wait).
 WATCH_RENEW = datetime.timedelta(days=1)
 #: Timeout of the other store calls (a store whose host hangs must not hold a stopping rank long).
@@ -87,6 +88,7 @@ class StopStep:
         #: Set once this rank's proposal is in the store (or failed to get there).
         self.proposed = threading.Event()
         self.proposal: int | None = None
+        self.agreed = False  # this rank read the stop step: every rank had proposed
         self.closed = False
         self._watcher: threading.Thread | None = None
 
@@ -130,11 +132,17 @@ class StopStep:
             raise StopStepUnavailable("this rank's proposal did not reach the store in time")
         try:
             self._wait_all(deadline, tick)
-            return int(self._ops.get(MAX))
+            step = int(self._ops.get(MAX))
         except Exception as err:  # noqa: BLE001 - timeout or store error, told apart for the message
             count = self._count()
             got = "the store is unreachable" if count is None else f"{count} of {self.world_size} ranks proposed"
             raise StopStepUnavailable(f"no agreement within {timeout:.1f} s ({got}; {type(err).__name__})") from None
+        self.agreed = True
+        try:  # rank 0 waits for this count only to keep its store up (outlast_agreement): the step stands either way
+            self._ops.add(READ, 1)
+        except Exception:  # noqa: BLE001
+            pass
+        return step
 
     def _wait_all(self, deadline: float, tick: Callable[[], None] | None) -> None:
         # One blocking wait first (the usual case: every rank proposes within milliseconds), then
@@ -193,6 +201,20 @@ class StopStep:
         try:
             self._ops.wait([wake_key(r) for r in range(self.world_size)], datetime.timedelta(seconds=timeout))
         except Exception:  # noqa: BLE001 - a rank still running, or gone: leave anyway
+            pass
+
+    def outlast_agreement(self, timeout: float) -> None:
+        """Rank 0, hosting the group's store, leaving on a stop it agreed on: wait (at most `timeout`) until every
+        rank has read the stop step, so that none reads a store that went away with this process and saves
+        "alone" (the same step, but told as a failed agreement; seen in CI beside CPU burners). Nothing to
+        wait for when the store is the launcher's, or when the agreement failed (a peer gone)."""
+        if self.rank != 0 or not self.agreed or uses_agent_store():
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            while int(self._ops.add(READ, 0)) < self.world_size and time.monotonic() < deadline:
+                time.sleep(POLL)
+        except Exception:  # noqa: BLE001 - the store is this process's: a failure means nothing to wait for
             pass
 
     def close(self, join_timeout: float = 5.0) -> None:

@@ -78,6 +78,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("step", "an optimizer step finished", (
         Field("step", "int", "step", "the step's number (continues from the resumed step)"),
         Field("duration", "float", "s", "time since the previous step event (or the start / resume)"),
+        Field("busy", "float", "s", "this rank's own work in the step: from the previous step boundary to its last "
+              "gradient bucket ready for DDP's all-reduce (CUDA events on a GPU), before it waits for the others; "
+              "only under DDP (resctl.shim.busy)", optional=True),
     ), "resctl.shim.runtime"),
     Kind("ckpt_stall", "a save returned to the training loop", (
         _STEP_OPT,
@@ -181,7 +184,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "(checkpoint.data_position; docs/checkpoint.md)", (
         Field("loader", "str", "", "the loader: its name in the checkpoint state, or #N (the N-th the script iterated)"),
         Field("action", "str", "", "resumed, resplit, epoch (not fast-forwarded: the script set another epoch), "
-              "self-skip, approximate, left (a loader with its own state_dict)"),
+              "self-skip, approximate, left (a loader with its own state_dict), unpositioned (a framework's "
+              "checkpoint read from a file object: no position kept with it)"),
         Field("message", "str", "", "what the console line said"),
     ), "resctl.checkpoint.dataposition"),
     Kind("stop", "the ranks agreed on the step of the final checkpoint of a stopped job (docs/recovery.md)", (
@@ -190,6 +194,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("proposed", "int", "step", "this rank's proposal (its next step boundary)", optional=True),
         Field("outcome", "str", "", "agreed, or alone (no agreement within half the grace: saved where it was)"),
         Field("seconds", "float", "s", "time the training thread waited for the agreement"),
+        Field("why", "str", "", "alone: why no agreement was had (the ranks that proposed, the error)", optional=True),
     ), "resctl.shim.runtime"),
     Kind("straggler", "a rank's steps stayed slower than the other ranks' median by health.straggler_margin for "
          "health.straggler_steps steps in a row (said once per episode; `rank` is the slow rank)", (
@@ -199,6 +204,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("ratio", "float", "", "seconds / median"),
         Field("steps", "int", "", "slow steps in a row"),
         Field("margin", "float", "", "health.straggler_margin it was judged by", optional=True),
+        Field("measure", "str", "", "what was compared: busy (each rank's own work before DDP's all-reduce, the "
+              "step events' `busy`: a synchronous job) or step (step durations)", optional=True),
     ), "resctl.health.watch"),
     Kind("end", "the worker finished its script", (
         Field("status", "str", "", "ok, error, sigterm (a stop of the job), restart-stop (stopped by the launcher "
@@ -299,7 +306,7 @@ class EventLog:
         self.iteration = 0
         self._lock = threading.Lock()
         self._fd: int | None = None
-        self._steps: list[tuple[float, int, int, float]] = []  # (t, iteration, step, duration) not yet written
+        self._steps: list[tuple[float, int, int, float, float | None]] = []  # (t, iteration, step, duration, busy)
         self._flush_at = float("inf")
         if run_dir is not None:
             path = events_path(run_dir, rank)
@@ -329,14 +336,14 @@ class EventLog:
         with self._lock:
             self._write(self._step_lines() + line)
 
-    def step(self, step: int, duration: float) -> None:
+    def step(self, step: int, duration: float, busy: float | None = None) -> None:
         """Record a `step` event (the per-step hot path: a few hundred nanoseconds). Written with
         the next batch: `STEP_FLUSH_EVERY` after the first unwritten one, or at the next event."""
         if self._fd is None:
             return
         now = time.time()
         with self._lock:
-            self._steps.append((now, self.iteration, step, duration))
+            self._steps.append((now, self.iteration, step, duration, busy))
             if now >= self._flush_at or len(self._steps) >= STEP_BATCH:
                 self._write(self._step_lines())
             elif len(self._steps) == 1:
@@ -353,7 +360,8 @@ class EventLog:
         self._flush_at = float("inf")
         head = f'"kind":"step","rank":{self.rank},"cycle":{self.cycle},"iteration":'
         return "".join(
-            f'{{"t":{t!r},{head}{it},"step":{n},"duration":{round(d, 6)!r}}}\n' for t, it, n, d in steps
+            f'{{"t":{t!r},{head}{it},"step":{n},"duration":{round(d, 6)!r}'
+            + ("}\n" if b is None else f',"busy":{round(b, 6)!r}}}\n') for t, it, n, d, b in steps
         ).encode()
 
     def _write(self, data: bytes) -> None:

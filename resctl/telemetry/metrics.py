@@ -121,11 +121,11 @@ class RunCollector:
 
     @property
     def steps(self) -> int:
-        return self.analyzer.ref_steps
+        return self.analyzer.freshness.ref_steps
 
     @property
     def checkpoints(self) -> int:
-        return len(self.analyzer.durable_steps)
+        return len(self.analyzer.freshness.durable_steps)
 
     def update(self) -> None:
         """Read new lines, feed them to the analysis, publish the values a scrape renders."""
@@ -164,10 +164,11 @@ class RunCollector:
 
     def _compute(self) -> dict[str, Any]:
         a = self.analyzer
-        values: dict[str, Any] = {"steps": a.ref_steps, "checkpoints": len(a.durable_steps), "cycle": self.cycle,
-                                  "damaged": self.tail.stats.damaged, "last": dict(self.last),
-                                  "failed_saves": a.failed_saves, "skipped": a.skipped_checkpoints,
-                                  "persisted_at": a.latest[0] if a.latest else None,
+        fresh, saves = a.freshness, a.saves
+        values: dict[str, Any] = {"steps": fresh.ref_steps, "checkpoints": len(fresh.durable_steps),
+                                  "cycle": self.cycle, "damaged": self.tail.stats.damaged, "last": dict(self.last),
+                                  "failed_saves": saves.failed, "skipped": saves.skipped,
+                                  "persisted_at": fresh.latest[0] if fresh.latest else None,
                                   "rank_steps": self.rank_steps.recent(), "stragglers": len(self.stragglers)}
         if a.events:
             r = a.result(series=False)

@@ -124,6 +124,9 @@ def summary_rows(a: RunAnalysis) -> list[tuple[str, str]]:
         rows.append(("checkpoint problems", f"{a.failed_saves} failed save(s){last}; {a.skipped_checkpoints} "
                                             "damaged or unusable checkpoint(s) skipped by a load (see ckpt_skip)"))
     rows.append(("faults", f"{len(a.recoveries)} recovered" if a.recoveries else "none: the run never restarted"))
+    guard = getattr(a, "crash_loop_guard", None)  # load_analysis adds it (plan.json and fatal.json)
+    if guard:
+        rows.append(("crash-loop guard", guard))
     if a.damaged_lines:
         rows.append(("events", f"{a.damaged_lines} damaged line(s) skipped (not valid records, see docs/events.md)"))
     return rows
@@ -141,7 +144,7 @@ def timeline_rows(a: RunAnalysis, limit: int) -> list[list[str]]:
 
 
 RANKS_SHOWN = 16  # ranks listed in full; beyond it, the slowest and every named one
-RANK_HEAD = ("rank", "steps", "median (s)", "mean (s)", "vs others", "straggler")
+RANK_HEAD = ("rank", "steps", "median (s)", "mean (s)", "own work (s)", "vs others", "straggler")
 
 
 def rank_rows(rank_steps: list[dict[str, Any]]) -> tuple[str, list[list[str]]] | None:
@@ -156,7 +159,22 @@ def rank_rows(rank_steps: list[dict[str, Any]]) -> tuple[str, list[list[str]]] |
         shown = sorted({r["rank"]: r for r in [*slowest, *(r for r in timed if r["straggler_events"])]}.values(),
                        key=lambda r: r["rank"])
         title += f" (the {len(shown)} slowest or named of {len(timed)}; --json lists all)"
+    if any(r.get("ratio_of") == "busy" for r in shown):
+        title += " (own work: before DDP's all-reduce, which every rank waits in for the slowest; compared by it)"
     return title, [[str(r["rank"]), str(r["steps"]), f"{r['median_s']:.4g}", f"{r['mean_s']:.4g}",
+                    "-" if r.get("busy_median_s") is None else f"{r['busy_median_s']:.4g}",
                     "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
                     f"named x{r['straggler_events']} (step {r['named_at_step']})" if r["straggler_events"] else ""]
                    for r in shown]
+
+
+def crash_loop_guard(limit: int | None, fatal: dict[str, Any] | None) -> str:
+    """The no-progress stop as the run had it (`limit`: plan.json's `health.no_progress_cycles`, None when the
+    run has no plan) and whether it acted (fatal.json's `cause: no_progress`); "" when neither says."""
+    if fatal is not None and fatal.get("cause") == "no_progress":
+        return f"stopped the job (exit {fatal.get('exit_code')}): {fatal.get('error', '')}"
+    if limit is None:
+        return ""
+    if limit <= 0:
+        return "off (health.no_progress_cycles = 0): failed cycles restart up to launch.max_restarts"
+    return f"on: stops (exit 93) after {limit} launcher cycle(s) in a row without progress (health.no_progress_cycles)"

@@ -7,7 +7,8 @@ With the memory tier (`checkpoint.memory_every = m`) the two intervals answer to
   interval is Daly's optimum on the time a snapshot blocks training (`s_m`, the copy out of the
   state) against the MTBF of such faults, and never below `headroom x C` of compute, `C` being the
   snapshot's background commit (checksum and manifest; with device staging also the
-  device-to-host copy): a shorter interval makes every snapshot wait for the previous commit.
+  device-to-host copy): a commit longer than the m - 1 steps between a snapshot and the step that
+  ends in the next one holds that step (the memory tier's back-pressure, counted in the overhead).
 - A **node fault** (the host is lost, or its memory with it) falls back to disk. The disk interval
   is the single-tier recommendation (`model.recommend`) on the disk costs against the MTBF of node
   faults alone, rounded up to a multiple of the memory interval: the engine writes a disk
@@ -16,8 +17,10 @@ With the memory tier (`checkpoint.memory_every = m`) the two intervals answer to
 
 **Overhead** (no faults) of a plan `(m, n)`, `n = j m`: one disk cycle of `n` steps lasts the
 single-tier async cycle `P_d(n)` (`model.evaluate`: compute, the disk save's stall, the write's
-interference or back-pressure wait) plus `j s_m` for the snapshots plus the slot wait: a disk write
-reads its snapshot's slot for `W`, and the snapshot two after it needs that slot again, so it waits
+interference or back-pressure wait) plus `j (s_m + h)` for the snapshots (`h`, the commit's
+back-pressure hold, is `max(0, C - (m - 1) t)`: the step ending in the next snapshot waits for a
+commit still in flight; `s_m + h` is a snapshot's true cost, what a run's `ckpt_mem` records) plus
+the slot wait: a disk write reads its snapshot's slot for `W`, and the snapshot two after it needs that slot again, so it waits
 `max(0, W - 2 m c_w)` (less what back-pressure already counted). `overhead = 1 - n t / cycle`.
 It never increases with `n` (for a fixed `m`) nor with `m` (for a fixed `n`).
 
@@ -100,8 +103,15 @@ def overhead(m: int, n: int, memory: MemoryCosts, disk: Costs, mode: Mode = "asy
     if mode == "async" and j >= 2:  # the snapshot two after a disk write waits for it to read the slot
         cw = disk.write_step_time
         wait = max(0.0, disk.write - 2 * m * cw) - max(0.0, disk.write - n * cw)
-    cycle = d.cycle_s + j * memory.stall + wait
-    return 1.0 - n * disk.step_time / cycle, j * memory.stall / cycle
+    per_snapshot = memory.stall + hold(m, memory, disk.step_time)
+    cycle = d.cycle_s + j * per_snapshot + wait
+    return 1.0 - n * disk.step_time / cycle, j * per_snapshot / cycle
+
+
+def hold(m: int, memory: MemoryCosts, step_time: float) -> float:
+    """Seconds the step ending in the next snapshot waits for a commit still in flight (the
+    memory tier's back-pressure): the commit overlaps the m - 1 steps in between for free."""
+    return max(0.0, memory.commit - (m - 1) * step_time)
 
 
 def plan(memory: MemoryCosts, disk: Costs, *, process_mtbf: float, node_mtbf: float, mode: Mode = "async",

@@ -166,7 +166,7 @@ def stated_factor(dotted: str, pattern: str) -> int:
 
 
 def test_the_memory_tier_budget_is_the_schemas() -> None:
-    from resctl.checkpoint import slots
+    from resctl import slots
     from resctl.doctor import shm  # noqa: F401 - doctor's check reads slots.shm_factor (below)
 
     tier = stated_factor("checkpoint.memory_every", r"Needs (\d+)x the state per rank in /dev/shm")

@@ -35,6 +35,8 @@ class Case:
 
 
 TMP = ("{tmp}",)
+FRAMEWORKS = ("fw_lightning", "fw_fabric", "fw_accelerate", "fw_hf_trainer")
+FRAMEWORK_KILL_AT = 15  # after the checkpoint at step 10: a resume loses 5 steps
 TORCH_IDLE = 60.0  # a worker importing torch on a loaded 2-core box can be silent that long
 _CASES = [
     # every way a worker can end
@@ -117,5 +119,8 @@ _CASES = [
     Case("record_error", 1, args=TMP, summary="RECORDED rank=1 failure", facts=0, idle=TORCH_IDLE),
     Case("restart_once", 0, args=TMP, max_restarts=1, idle=45),
     Case("restart_exhausted", 1, args=TMP, max_restarts=1, idle=45),
+    # the frameworks users train with: each one's own checkpoints (every 10 of 30 steps), tiny models, gloo
+    # (test_compat.py also SIGKILLs rank 1 of each at step FRAMEWORK_KILL_AT under resctl, and checks the resume)
+    *(Case(name, 0, args=TMP, timeout=240, idle=90) for name in FRAMEWORKS),
 ]
 CASES: dict[str, Case] = {c.name: c for c in _CASES}

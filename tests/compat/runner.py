@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Callable
 import psutil
 
 from tests.compat.cases import Case
+from tests.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"
@@ -41,8 +41,13 @@ LAUNCHERS = ("torchrun", "fork", "exec")
 NPROC = 2
 MARK = "COMPAT_LAUNCH"  # in the environment of every process of one launch
 
-# Output no launcher owns but the environment adds (torch's import on this box warns about pynvml).
-NOISE = (re.compile(r"The pynvml package is deprecated"), re.compile(r"^\s+import pynvml\s+# type: ignore"))
+# Output no launcher owns but the environment adds: torch's import on this box warns about pynvml; the
+# interpreter's resource tracker warns of "leaked" semaphores when it looks before a spawn DataLoader's
+# finalizers have unregistered them (timing: under torchrun too, on a loaded box), with its source line.
+NOISE = (re.compile(r"The pynvml package is deprecated"), re.compile(r"^\s+import pynvml\s+# type: ignore"),
+         re.compile(r"resource_tracker\.py:\d+: UserWarning: resource_tracker: There appear to be \d+ leaked \w+ "
+                    r"objects to clean up at shutdown"),
+         re.compile(r"^\s+warnings\.warn\('resource_tracker: There appear to be %d '"))
 # torchrun's own logging (a worker's torch logs, e.g. torch/multiprocessing/spawn.py, are the script's)
 TORCH_LOG = re.compile(r"^[WEIDC]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ torch/distributed/(run\.py|elastic/)\S*:\d+\]")
 ELASTIC = "torch.distributed.elastic."
@@ -70,12 +75,7 @@ class Outcome:
     unranked: collections.Counter[str] = field(default_factory=collections.Counter)
     facts: dict[tuple[int, str], list[str]] = field(default_factory=dict)
     launcher_lines: list[str] = field(default_factory=list)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    report: dict[str, object] = field(default_factory=dict)  # what `resctl report` would say (resctl launches)
 
 
 def command(case: Case, launcher: str, port: int, tmp: Path) -> list[str]:
@@ -144,9 +144,25 @@ def launch(case: Case, launcher: str, timeout: float = 0) -> Outcome:
     out = Outcome(launcher, None if hang else proc.returncode, time.monotonic() - t0, list(lines), hang=hang,
                   leaked=leaked)
     parse(out)
+    if (tmp / "run").is_dir():
+        out.report = report_facts(tmp / "run")
     if not os.environ.get("RESCTL_COMPAT_KEEP"):  # set it to look at a launch's run dir and files
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def report_facts(run_dir: Path) -> dict[str, object]:
+    """The report's account of a resctl launch: durable checkpoints, and each recovery's rollback."""
+    from resctl.telemetry.events import read_run
+    from resctl.telemetry.goodput import analyze_stream
+
+    try:
+        events = list(read_run(run_dir))
+        result = analyze_stream(events, ref=min((e["rank"] for e in events), default=None))
+    except (OSError, ValueError):
+        return {}
+    return {"checkpoints": result.checkpoints, "final_step": result.final_step,
+            "rollbacks": [(r.last_step, r.resumed_step) for r in result.recoveries]}
 
 
 def _read(proc: subprocess.Popen[bytes], lines: list[str], last: list[float], eof: threading.Event) -> None:
@@ -459,19 +475,27 @@ def _clip(line: str) -> str:
 # --- the whole suite ------------------------------------------------------------------------------
 
 def run_all(cases: list[Case], jobs: int, on_done: Callable[[Case, Outcome], None] | None = None,
-            ) -> dict[str, dict[str, Outcome]]:
+            launchers: tuple[str, ...] = LAUNCHERS) -> dict[str, dict[str, Outcome]]:
     """Every case under every launcher, `jobs` launches at a time; the launchers of one case are
     queued together and their order rotates from case to case (none always goes first)."""
     results: dict[str, dict[str, Outcome]] = collections.defaultdict(dict)
     tasks = []
     for i, case in enumerate(cases):
-        k = i % len(LAUNCHERS)
-        tasks += [(case, launcher) for launcher in LAUNCHERS[k:] + LAUNCHERS[:k]]
+        k = i % len(launchers)
+        tasks += [(case, launcher) for launcher in launchers[k:] + launchers[:k]]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {pool.submit(launch, case, launcher): (case, launcher) for case, launcher in tasks}
         for future in concurrent.futures.as_completed(futures):
             case, launcher = futures[future]
             results[case.name][launcher] = out = future.result()
+            if launcher == "torchrun" and (out.code != case.code or out.hang):
+                # The reference, once more: torchrun's own run of the HF Trainer script died of SIGABRT on
+                # rank 0 once beside CPU burners (CI's 0.7 pass), which failed that case for every launcher.
+                # Its console is compared line by line with resctl's: the second run replaces it whole, and
+                # the first one's end is told on stderr (pytest shows it with a failure).
+                print(f"compat: torchrun's reference run of {case.name} ended {out.code} (hang: {out.hang}), "
+                      f"not {case.code}; run again. Its last lines:\n" + "\n".join(out.raw[-60:]), file=sys.stderr)
+                results[case.name][launcher] = out = launch(case, launcher)
             if on_done is not None:
                 on_done(case, out)
     return dict(results)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +17,6 @@ EXAMPLES = REPO / "examples"
 LOCAL_PROFILE = EXAMPLES / "profiles" / "local-cpu.toml"
 
 
-def free_port() -> int:
-    """A loopback port free now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def events(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(read_events(run_dir), key=lambda e: e["t"])
 
@@ -35,6 +27,23 @@ def start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subp
         [sys.executable, "-m", "resctl", "run", *args], cwd=cwd, env=full_env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
+
+
+#: What a worker prints when torch 2.13's gloo thread aborts it at interpreter exit: the thread drops the
+#: last collective's tensor (held by the final barrier's work) after Py_Finalize began, cannot take the
+#: GIL, and `pthread_exit` inside a C++ destructor calls `std::terminate`. Seen under plain torchrun on
+#: the loaded CI box, about 1 run in 15 of examples/train_loader.py (a core dump's stack, CI stop 36).
+TORCH_EXIT_RACE = "terminate called without an active exception"
+
+
+def torchrun(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """`python -m torch.distributed.run ARGS`, captured, for a test's reference run: run again once when
+    a worker died of torch's exit race (`TORCH_EXIT_RACE`), a torch bug and not what the test compares."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if proc.returncode != 0 and TORCH_EXIT_RACE in proc.stdout + proc.stderr:
+        proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    return proc
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen[str] | None = None) -> Any:
@@ -71,6 +80,13 @@ def last_step(run_dir: Path, rank: int, cycle: int = 0) -> int:
     return max(steps, default=0)
 
 
+def node_step(run_dir: Path, cycle: int = 0) -> int:
+    """The last step of whichever rank this node's run dir holds: on a multi-node job the rendezvous
+    gives group ranks in arrival order, so node 1 is not always rank 1."""
+    steps = [e["step"] for e in events(run_dir) if e["kind"] == "step" and e["cycle"] == cycle]
+    return max(steps, default=0)
+
+
 SNAPSHOT_SCRIPT = str(EXAMPLES / "train_snapshot.py")
 
 
@@ -99,3 +115,16 @@ def fill_disk(path: Path) -> None:
                 fh.flush()
         except OSError:
             pass
+
+
+def stop_phase_reached(phase: str, marks: Path, run_dir: Path) -> bool:
+    """Has a job of bench/scripts/stop_phases.py reached `phase`? fork/refork: the launcher's last line before
+    it forks the first cycle's (the first restart's) workers, resctl's own on every NVRx; the others: a file
+    the script writes as it enters the phase."""
+    if phase in ("fork", "refork"):
+        from resctl.launch.agent import STARTING_WORKERS
+
+        log = run_dir / "launcher.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return text.count(STARTING_WORKERS) >= (2 if phase == "refork" else 1)
+    return any(p.name.startswith(f"{phase}-") for p in marks.iterdir())

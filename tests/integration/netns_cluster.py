@@ -21,16 +21,21 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True)
 
 
-def lose_namespace(ns: str) -> None:
-    """A node gone whole, as when the machine goes: every process in namespace `ns` stopped first (none
-    reacts to a parent's death, e.g. a lifeline's SIGTERM, before its own SIGKILL lands), then killed."""
+def signal_namespace(ns: str, *sigs: signal.Signals) -> None:
+    """Every process in namespace `ns` (listed once) gets each of `sigs`, in order."""
     pids = [int(pid) for pid in _ip("netns", "pids", ns).stdout.split()]
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
+    for sig in sigs:
         for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def lose_namespace(ns: str) -> None:
+    """A node gone whole, as when the machine goes: every process in namespace `ns` stopped first (none
+    reacts to a parent's death, e.g. a lifeline's SIGTERM, before its own SIGKILL lands), then killed."""
+    signal_namespace(ns, signal.SIGSTOP, signal.SIGKILL)
 
 
 class Cluster:
@@ -105,11 +110,7 @@ class Cluster:
         lose_namespace(self.names[i])
 
     def kill(self, i: int) -> None:
-        for pid in _ip("netns", "pids", self.names[i]).stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        signal_namespace(self.names[i], signal.SIGKILL)
 
 
 @contextmanager

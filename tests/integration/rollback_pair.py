@@ -19,7 +19,8 @@ is what lets one rank run ahead of another's commit, so each rank's commit is st
 
 Prints one JSON line per kill: `reached` (the newest step any rank finished before the kill),
 `resumed` (the step the next incarnation loaded), `in_commit` (a commit was in flight on some
-rank when it was killed), then a summary line. Exit 1 if a restored state is not the step's.
+rank when it was killed), `span` (the most steps a commit spanned in that incarnation: the bound
+is rollback <= every + min(span, every - 1), issue 31), then a summary line. Exit 1 if a restored state is not the step's.
 """
 
 from __future__ import annotations
@@ -151,6 +152,24 @@ def wait_until(pred: Any, timeout: float, what: str, pids: list[int]) -> Any:
     sys.exit(f"timed out waiting for {what}")
 
 
+def commit_span(marks: list[str]) -> int:
+    """The most steps a commit of this rank spanned: 1 + the steps it finished between a snapshot
+    (`s<S>`, then `maybe_save`) and that snapshot's commit (`C<S>`, or the kill). A commit shorter
+    than a step spans 1."""
+    at: dict[int, int] = {}  # snapshot step -> steps finished when it was taken
+    done = 0
+    span = 1
+    for t in marks:
+        if t.startswith("s"):
+            done += 1
+            at[int(t[1:])] = done
+        elif t.startswith("C") and int(t[1:]) in at:
+            span = max(span, 1 + done - at.pop(int(t[1:])))
+    for n in {int(t[1:]) for t in marks if t.startswith("c")} & at.keys():  # a commit the kill interrupted
+        span = max(span, 1 + done - at[n])
+    return span
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -200,7 +219,8 @@ def main() -> None:
         marks = [progress(f) for f in files]
         reached = max(int(t[1:]) for m in marks for t in m if t.startswith("s"))
         in_commit = any(sum(t.startswith("c") for t in m) > sum(t.startswith("C") for t in m) for m in marks)
-        results.append({"kill": inc, "victim": victim, "reached": reached, "in_commit": in_commit})
+        results.append({"kill": inc, "victim": victim, "reached": reached, "in_commit": in_commit,
+                        "span": max(commit_span(m) for m in marks)})
     rollbacks = [r["reached"] - r["resumed"] for r in results]
     print(json.dumps({"every": a.every, "kills": len(results), "rollback_max": max(rollbacks),
                       "rollbacks": rollbacks, "in_commit": sum(r["in_commit"] for r in results)}), flush=True)

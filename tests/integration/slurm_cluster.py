@@ -10,6 +10,7 @@ not resolve a marked line is added to /etc/hosts and removed again on stop.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -18,14 +19,18 @@ import socket
 import subprocess
 import tempfile
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.ports import free_port
 
 NODES = ("n1", "n2")
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "sinfo")
 HOSTS_FILE = Path("/etc/hosts")
 HOSTS_MARK = "# resctl-test-slurm"
+HOSTS_LOCK = Path(tempfile.gettempdir()) / "resctl-test-slurm-hosts.lock"
 
 SLURM_CONF = """\
 ClusterName=resctltest
@@ -71,12 +76,6 @@ def missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _resolves(name: str) -> bool:
     try:
         socket.getaddrinfo(name, None)
@@ -91,7 +90,7 @@ class SlurmCluster:
 
     dir: Path
     env: dict[str, str] = field(default_factory=dict)
-    added_hosts: bool = False
+    hosts_line: str = ""  # the line this cluster added to /etc/hosts ("": none)
     requeue_delay: int | None = None  # None: Slurm's own (121 s)
 
     def run(self, *args: str, check: bool = True, timeout: float = 30) -> str:
@@ -139,20 +138,29 @@ class SlurmCluster:
         self.wait_idle(60)
 
     def _write_conf(self) -> None:
-        lines = [f"NodeName={n} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={max(os.cpu_count() or 1, 1)} State=UNKNOWN"
+        lines = [f"NodeName={n} NodeAddr=127.0.0.1 Port={free_port()} CPUs={max(os.cpu_count() or 1, 1)} State=UNKNOWN"
                  for n in NODES]
         quick = self.requeue_delay is not None
         (self.dir / "slurm.conf").write_text(SLURM_CONF.format(
-            host=socket.gethostname(), ctld_port=_free_port(), dir=self.dir, nodes="\n".join(lines),
+            host=socket.gethostname(), ctld_port=free_port(), dir=self.dir, nodes="\n".join(lines),
             nodelist=",".join(NODES), auth_extra=f",cred_expire={self.requeue_delay - 1}" if quick else "",
             extra="SchedulerParameters=sched_interval=2\n" if quick else ""))
 
     def _ensure_hosts(self) -> None:
-        if all(_resolves(n) for n in NODES):
+        with _hosts_lock():
+            if HOSTS_MARK not in HOSTS_FILE.read_text() and all(_resolves(n) for n in NODES):
+                return  # the machine's own names for them
+            self.hosts_line = f"127.0.0.1 {' '.join(NODES)} {HOSTS_MARK} {self.dir.name}\n"
+            with HOSTS_FILE.open("a") as f:
+                f.write(self.hosts_line)
+
+    def _drop_hosts_line(self) -> None:
+        if not self.hosts_line:
             return
-        with HOSTS_FILE.open("a") as f:
-            f.write(f"127.0.0.1 {' '.join(NODES)} {HOSTS_MARK}\n")
-        self.added_hosts = True
+        with _hosts_lock():
+            lines = HOSTS_FILE.read_text().splitlines(keepends=True)
+            HOSTS_FILE.write_text("".join(line for line in lines if line != self.hosts_line))
+        self.hosts_line = ""
 
     def _start_munge(self) -> None:
         m = self.dir / "munge"
@@ -195,10 +203,19 @@ class SlurmCluster:
                 self.dir / "munge" / "munged.pid"]
         for pidfile in pids:
             _stop_pid(pidfile)
-        if self.added_hosts:
-            lines = HOSTS_FILE.read_text().splitlines(keepends=True)
-            HOSTS_FILE.write_text("".join(line for line in lines if HOSTS_MARK not in line))
+        self._drop_hosts_line()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def _hosts_lock() -> Iterator[None]:
+    """Held while /etc/hosts is read and changed by a test cluster of any process on this machine."""
+    with open(HOSTS_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _stop_pid(pidfile: Path, timeout: float = 15) -> None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.integration.jobs import finish, start
@@ -36,17 +38,37 @@ dist.destroy_process_group()
 '''
 
 
+def _torchrun_reference(cwd: Path) -> str:
+    """torchrun's output on the same script. Its restarted group can hang in gloo's init on a loaded box (its own
+    defect, seen beside CPU burners): past the hang limit its process tree is killed and what it printed is kept."""
+    log = cwd / "torchrun.out"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                 "--max-restarts", "1", "pg_restart.py"], cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        # Limits for a hang, not times: beside two CPU burners torchrun took > 180 s; once its first attempt has
+        # printed, its restart gets 120 s more (what this test reads of it is the first attempt's line).
+        deadline, seen_at = time.monotonic() + 600, None
+        while proc.poll() is None and time.monotonic() < deadline:
+            if seen_at is None and "ATTEMPT 0 RANK 1" in log.read_text():
+                seen_at, deadline = time.monotonic(), min(deadline, time.monotonic() + 120)
+            time.sleep(0.5)
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            proc.wait()
+    return log.read_text()
+
+
 @pytest.mark.parametrize("worker_start", ["fork", "exec"])
 def test_a_restarted_group_meets_in_a_fresh_key_space_of_the_launchers_store(tmp_path: Path, worker_start: str) -> None:
     (tmp_path / "pg_restart.py").write_text(SCRIPT)
     # --standalone: a free port (torchrun's static default, 29500, may be taken on a shared box)
-    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               "--max-restarts", "1", "pg_restart.py"], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=180)
-    assert "ATTEMPT 0 RANK 1 SUM 2 AGENT True" in torchrun.stdout, torchrun.stdout[-2000:] + torchrun.stderr[-2000:]
+    torchrun = _torchrun_reference(tmp_path)
+    assert "ATTEMPT 0 RANK 1 SUM 2 AGENT True" in torchrun, torchrun[-3000:]
     code, out = finish(start(["--nproc-per-node", "2", "--max-restarts", "1", "--run-dir", "run", "--set",
-                              f"launch.worker_start={worker_start}", "pg_restart.py"], cwd=tmp_path), timeout=180)
-    seen = f"\n--- torchrun (exit {torchrun.returncode}):\n{torchrun.stdout[-1500:]}{torchrun.stderr[-1500:]}"
+                              f"launch.worker_start={worker_start}", "pg_restart.py"], cwd=tmp_path), timeout=600)
+    seen = f"\n--- torchrun:\n{torchrun[-3000:]}"
     assert code == 0, out[-3000:] + seen
     for attempt in (0, 1):
         for rank in (0, 1):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +17,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, wait_for
+from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, torchrun, wait_for
 from tests.integration.test_recovery import IN_PROCESS, assert_bitwise_equal
 
 pytestmark = pytest.mark.slow
@@ -37,9 +36,8 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Reference:
         if script_args not in done:
             tmp = tmp_path_factory.mktemp("loader-ref")
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                   "--standalone", SCRIPT, *script_args, "--out", str(tmp / "ref.pt")],
-                                  cwd=tmp, env=env, capture_output=True, text=True, timeout=240)
+            proc = torchrun(["--nproc-per-node", "2", "--standalone", SCRIPT, *script_args, "--out", str(tmp / "ref.pt")],
+                            cwd=tmp, env=env, timeout=240)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
             done[script_args] = torch.load(tmp / "ref.pt", weights_only=True)
         return done[script_args]
@@ -78,7 +76,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.nvrx_series("0.4")) if c.startswith("inprocess")
+                                  else c for c in CASES])  # in-process restart: NVRx 0.4 only (issue 30)
 def test_a_job_killed_mid_epoch_ends_equal_to_the_uninterrupted_run(tmp_path: Path, references: Reference,
                                                                      case: str) -> None:
     sets, script_args, ref_args, faults, resume_at = CASES[case]

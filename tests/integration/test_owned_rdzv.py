@@ -24,11 +24,11 @@ from tests.integration.jobs import (
     assert_same_weights,
     events,
     finish,
-    free_port,
-    last_step,
+    node_step,
     start,
     wait_for,
 )
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(EXAMPLES / "train_snapshot.py")
@@ -38,14 +38,17 @@ def _node(tmp_path: Path, index: int, port: int, nnodes: str, steps: int = 40) -
     return ["-p", str(LOCAL_PROFILE), "--nnodes", nnodes, "--nproc-per-node", "1",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "owned", "--local-addr", "127.0.0.1",
             "--rdzv-conf", f"is_host={1 if index == 0 else 0}", "--run-dir", str(tmp_path / f"node{index}"),
-            "--set", 'launch.rendezvous="resctl"', "--set", "launch.rdzv_keep_alive=1s",
+            "--set", "launch.rdzv_keep_alive=1s",  # resctl's rendezvous: the default
             SCRIPT, "--steps", str(steps), "--step-time", "0.05", "--snapshot", str(tmp_path / "snap.pt"),
             "--out", str(tmp_path / "final.pt")]
 
 
 def _lose(pid: int) -> None:
     """The process and every descendant: all stopped first (no lifeline fires), then all killed."""
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:  # it ended already (a failed wait cleans up after a finished job)
+        return
     for sig in (signal.SIGSTOP, signal.SIGKILL):
         for p in procs:
             try:
@@ -64,7 +67,7 @@ def test_node_lost_and_replaced(tmp_path: Path, reference: Path) -> None:
     a = start(_node(tmp_path, 0, port, "2"), cwd=tmp_path)
     b = start(_node(tmp_path, 1, port, "2"), cwd=tmp_path)
     try:
-        wait_for(lambda: last_step(tmp_path / "node1", 1) >= 12, 180, "rank 1 (node 1) to reach step 12", a)
+        wait_for(lambda: node_step(tmp_path / "node1") >= 12, 180, "node 1 to reach step 12", a)
     except AssertionError:
         for p in (a, b):
             _lose(p.pid)
@@ -90,7 +93,7 @@ def test_lost_launcher_is_marked_dead_and_the_survivor_goes_on(tmp_path: Path) -
     b = start(_node(tmp_path, 1, port, "1:2", steps=60), cwd=tmp_path)
     run_b = tmp_path / "node1"
     try:
-        wait_for(lambda: last_step(run_b, 1) >= 12, 180, "rank 1 (node 1) to reach step 12", a)
+        wait_for(lambda: node_step(run_b) >= 12, 180, "node 1 to reach step 12", a)
         slot_files = wait_for(lambda: list(run_b.glob("rdzv-slot-*")), 30, "node 1's rendezvous slot file")
     except AssertionError:
         for p in (a, b):

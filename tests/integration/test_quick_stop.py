@@ -62,6 +62,7 @@ def test_a_survivor_that_cannot_handle_sigterm_does_not_hold_the_restart(
     assert_same_final(tmp_path / "kill.pt", reference)
 
 
+@pytest.mark.nvrx_series("0.4")  # in-process restart: NVRx 0.4 only (docs/recovery.md, issue 30)
 def test_sigkill_with_inprocess_on_finishes_once_and_exact(tmp_path: Path, reference: Path) -> None:
     """The survivor must not carry on alone in a world of 1 (the old default min_world_size = 1):
     it hands over to the launcher, and training finishes once, bitwise equal."""

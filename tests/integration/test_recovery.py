@@ -27,7 +27,8 @@ TRAIN = str(EXAMPLES / "train_ckpt.py")
 STEPS = 30
 
 # Steps are chosen against checkpoint.interval_steps = 5 (each fault replays from the last multiple
-# of 5), and so that "right after a restart" is real: the sigkill at 12 resumes from 10, and the
+# of 5), and so that "right after a restart" is real: the sigkill at 12 resumes from 10 (from 5 when
+# the asynchronous write of 10 was still in flight: resumes_after_kill), and the
 # hang at 13 is the first new step after the replay. The checkpoint_exception at 17 fails the write
 # of step 20: a failed save is reported (ckpt_fail) and retried at the next interval (25), with no
 # restart (checkpoint.max_failed_saves, default 3, bounds the failures in a row).
@@ -109,7 +110,23 @@ def injected(run_dir: Path) -> list[str]:
                   if e["kind"] == "fault" and e.get("injected"))
 
 
-@pytest.mark.parametrize("nproc,inprocess", [(2, False), (2, True), (4, False), (4, True)],
+def resumes_after_kill(ev: list[dict[str, Any]]) -> set[int]:
+    """The steps the SIGKILL at step 12 may resume from: 10 when the write of step 10 was recorded durable
+    before rank 0 recorded the fault; else 5 or 10. Step 10's save is asynchronous and the kill comes two
+    steps (60 ms) later: on a loaded box the write can still be in flight (CI saw a resume from 5), or be
+    durable with its `ckpt_persist` record still in the killed rank's event buffer (seen beside CPU
+    burners: a resume from 10 with no record of it). An exception or a hang gives the write time to finish
+    (the shim waits for the save in flight), so only this fault varies."""
+    kill = next(e for e in ev if e["kind"] == "fault" and e["cause"] == "sigkill")
+    recorded = any(e["kind"] == "ckpt_persist" and e.get("step") == 10 and e["t"] <= kill["t"] for e in ev)
+    return {10} if recorded else {5, 10}
+
+
+INPROCESS_04 = pytest.mark.nvrx_series("0.4")  # in-process restart: NVRx 0.4 only (docs/recovery.md, issue 30)
+
+
+@pytest.mark.parametrize("nproc,inprocess", [(2, False), pytest.param(2, True, marks=INPROCESS_04), (4, False),
+                                             pytest.param(4, True, marks=INPROCESS_04)],
                          ids=["2ranks-injob", "2ranks-inprocess", "4ranks-injob", "4ranks-inprocess"])
 def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
     tmp_path: Path, references: dict[int, Path], nproc: int, inprocess: bool
@@ -136,10 +153,12 @@ def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
     # 5), rolled back from the step the fault hit.
     report = analyze(ev)
     last = nproc - 1
-    want = [("exception", last, 8, 5), ("sigkill", 0, 12, 10), ("hang", last, 13, 10), ("exception", 0, 14, 10)]
     got = [(r.cause, r.rank, r.last_step, r.resumed_step) for r in report.recoveries]
-    assert got == want, got
-    assert [r.rollback_steps for r in report.recoveries] == [3, 2, 3, 4]
+    allowed = resumes_after_kill(ev)
+    after_kill = got[1][3] if len(got) == 4 and got[1][3] in allowed else max(allowed)
+    want = [("exception", last, 8, 5), ("sigkill", 0, 12, after_kill), ("hang", last, 13, 10), ("exception", 0, 14, 10)]
+    assert got == want, (got, allowed)
+    assert [r.rollback_steps for r in report.recoveries] == [3, 12 - after_kill, 3, 4]
     layers = [r.layer for r in report.recoveries]
     assert layers == (["inprocess", "launcher", "inprocess", "inprocess"] if inprocess else ["launcher"] * 4)
     for r in report.recoveries:
@@ -156,6 +175,7 @@ def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
     assert by_launcher[0].endswith("5 of 6 restarts left (details: launcher.log in the run directory)"), by_launcher
 
 
+@pytest.mark.nvrx_series("0.4")  # in-process restart: NVRx 0.4 only (docs/recovery.md, issue 30)
 def test_sigkill_falls_through_to_the_launcher_with_inprocess_on(tmp_path: Path, references: dict[int, Path]) -> None:
     run(job(tmp_path, "kill", 2, inprocess=True), cwd=tmp_path, faults="sigkill@9:1")
     starts = [e for e in events(tmp_path / "kill") if e["kind"] == "start"]

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from resctl.telemetry.events import read_events
-from tests.integration.slurm_cluster import SlurmCluster, _free_port, missing
+from tests.integration.slurm_cluster import SlurmCluster, missing
 from tests.integration.test_slurm_kit import PROFILE, SBATCH, SCRIPT, steps_reached, wait_for
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -54,10 +55,10 @@ def test_a_node_that_fails_the_preflight_is_drained_and_the_job_requeued_without
     env = {**slurm.env, "PATH": f"{Path(sys.executable).parent}:{slurm.env.get('PATH', '')}",
            "RESCTL": str(wrapper), "PROFILE": str(PROFILE), "SCRIPT": str(SCRIPT), "DOCTOR": "0",
            "RESCTL_CHECKPOINT_DIR": str(work / "ckpt"), "RESCTL_LAUNCH_RUN_DIR": str(work / "run"),
-           "RESCTL_LAUNCH_RDZV_PORT": str(_free_port()), "RESCTL_LAUNCH_PREFLIGHT": "cluster",
+           "RESCTL_LAUNCH_RDZV_PORT": str(free_port()), "RESCTL_LAUNCH_PREFLIGHT": "cluster",
            "RESCTL_LAUNCH_NNODES": "1:2",  # one node left is enough to train on
            "RESCTL_HEALTH_KEEP_OUT": "slurm", "RESCTL_HEALTH_PREFLIGHT_TIMEOUT": "15s",
-           "RESCTL_HEALTH_PREFLIGHT_PORT": str(_free_port()),
+           "RESCTL_HEALTH_PREFLIGHT_PORT": str(free_port()),
            # Two "nodes" sharing two cores: only their one link and matmul to compare; judge loosely.
            "RESCTL_HEALTH_PREFLIGHT_MARGIN": "4",
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}

@@ -25,7 +25,8 @@ import pytest
 
 from resctl.checkpoint.format import list_step_dirs, read_manifest
 from resctl.telemetry.events import read_events
-from tests.integration.slurm_cluster import SlurmCluster, _free_port, missing
+from tests.integration.slurm_cluster import SlurmCluster, missing
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
@@ -62,7 +63,7 @@ def submit(slurm: SlurmCluster, work: Path, *sbatch_args: str, doctor: bool = Tr
         "DOCTOR": "1" if doctor else "0",
         "RESCTL_CHECKPOINT_DIR": str(work / "ckpt"),
         "RESCTL_LAUNCH_RUN_DIR": str(work / "run"),
-        "RESCTL_LAUNCH_RDZV_PORT": str(_free_port()),
+        "RESCTL_LAUNCH_RDZV_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
     }
@@ -95,9 +96,10 @@ def wait_for(what: str, predicate: Any, timeout: float, slurm: SlurmCluster, wor
     key = "\n".join(line for line in text.splitlines()
                     if re.match(r"(resctl:|srun:|slurmstepd|\[rank \d\] resumed|\w*Error)", line))
     state = {k: v for k, v in slurm.job(job).items() if k in ("JobState", "Reason", "Restarts", "ExitCode")} if job else {}
-    raise AssertionError(f"gave up after {timeout}s (or the job ended) waiting for {what}; job {state}, states seen "
-                         f"{' -> '.join(states)}\n"
-                         f"--- job log, key lines\n{key}\n--- job log, end\n{text[-3000:]}\n{slurm.logs()}")
+    # The daemons' logs first and the job's own lines last: a CI log shows the tail.
+    raise AssertionError(f"{slurm.logs()}\n--- job log, end\n{text[-3000:]}\n--- job log, key lines\n{key}\n"
+                         f"gave up after {timeout}s (or the job ended) waiting for {what}; job {state}, states seen "
+                         f"{' -> '.join(states)}")
 
 
 def steps_reached(work: Path) -> int:

@@ -50,12 +50,27 @@ def test_sigterm_during_a_restart_stops_the_job_with_a_final_save(tmp_path: Path
     os.kill(proc.pid, signal.SIGTERM)  # inside the restart: where NVRx 0.4.1 lost it
     code, out = finish(proc, timeout=90)
     assert code == 143, out[-3000:]
+    # The launcher acted on the stop itself: not SIGKILLed by `resctl run` after --term-timeout (a stop that
+    # torch's handler raised in an at-fork hook was dropped there: launch/signal_trace.py).
+    assert "which exited -9" not in out, out[-3000:]
     ev = events(run_dir)
     assert max(e["step"] for e in ev if e["kind"] == "step") < STEPS, "the job must not train on to the end"
     last_cycle = max(e["cycle"] for e in ev)
     assert last_cycle <= 1, "no restart after the stop"
     ends = {e["rank"]: e["status"] for e in ev if e["kind"] == "end" and e["cycle"] == last_cycle}
-    assert ends == {0: "sigterm", 1: "sigterm"}, (ends, out[-3000:])
+    if last_cycle == 0:
+        # The stop came before the new cycle's workers were forked: none is started (issue 32, the launcher
+        # stops at once, health/gate.py + launch/fork_signals.py). The restart had already stopped rank 0 and
+        # rank 1 was killed: no worker holds a step beyond the last checkpoint, so there is nothing to save.
+        assert set(ends.values()) <= {"error", "sigterm", "restart-stop"}, (ends, out[-3000:])
+        return
+    # A new worker that the stop reached before its shim could act on it (it dies of SIGTERM from its first
+    # instruction: launch/fork_signals.py) has trained nothing and writes no end; one whose peer left first
+    # while both were starting ends with that error (init_process_group cut: seen in CI's 0.7 pass), having
+    # trained nothing either. Every one that resumed or stepped in this cycle saved and ended on the stop.
+    trained = {e["rank"] for e in ev if e["cycle"] == last_cycle and e["kind"] in ("step", "resume")}
+    assert set(ends.values()) <= {"sigterm", "error"}, (ends, out[-3000:])
+    assert all(ends.get(r) == "sigterm" for r in trained), (ends, trained, out[-3000:])
     reached = min(max((e["step"] for e in ev if e["rank"] == r and e["cycle"] == last_cycle
                        and e["kind"] in ("step", "resume")), default=0) for r in (0, 1))
     assert max(saved_steps(tmp_path / "term-ckpt"), default=0) >= reached, "what every rank had is saved"

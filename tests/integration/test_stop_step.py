@@ -25,7 +25,8 @@ import pytest
 
 from resctl.checkpoint.format import list_step_dirs, read_manifest
 from resctl.profile.schema import Profile
-from tests.integration.jobs import EXAMPLES, events, free_port
+from tests.integration.jobs import EXAMPLES, events
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(EXAMPLES / "train_ckpt.py")
@@ -109,7 +110,8 @@ def test_ranks_signalled_at_different_steps_save_one_final_step(tmp_path: Path, 
     assert reached(run_dir) == final, "no rank trained past the stop step"
     assert newest_checkpoint(tmp_path / "ckpt") == final, "the final checkpoint is at the stop step"
     stop = stops(run_dir)
-    assert {r: (e["step"], e["outcome"]) for r, e in stop.items()} == {0: (final, "agreed"), 1: (final, "agreed")}
+    assert {r: (e["step"], e["outcome"]) for r, e in stop.items()} == {0: (final, "agreed"), 1: (final, "agreed")}, \
+        (stop, logs)
     assert "Traceback" not in logs and "Error" not in logs, logs
 
 

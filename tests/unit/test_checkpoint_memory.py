@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +177,7 @@ CHILD = textwrap.dedent("""
         state["a"].fill_(step)
         state["b"].fill_(step)
         c.maybe_save(state, step)
+        print("saved", step, flush=True)
 """)
 
 
@@ -194,7 +194,13 @@ def test_kill_9_during_20_memory_snapshots_never_restores_a_torn_one(tmp_path: P
         line = proc.stdout.readline().split()
         assert line and line[0] == "ready", line
         resumed.append(int(line[1]))
-        time.sleep(0.15 + 0.037 * (i % 7))  # kills land at different points of the copy/commit cycle
+        # Kill when the child is in the snapshot it means to tear, not after a clock (a loaded box may not have
+        # made one yet): a step's maybe_save returns once the previous snapshot is committed, and the next
+        # one begins at once. At least two steps past the resumed one: one complete snapshot of this process.
+        target = resumed[-1] + 2 + i % 3  # kills land at different steps of the copy/commit cycle
+        while (said := proc.stdout.readline().split()) and int(said[1]) < target:
+            pass
+        assert said, "the child ended before its snapshots"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         incomplete += sum(not (p / fmt.MANIFEST).exists() for p in _slots(shm).glob("slot-*"))
@@ -252,12 +258,8 @@ def test_parallel_checksum_of_many_parts_equals_the_sequential_one(monkeypatch: 
         assert crc.checksum_of(memoryview(data), pool) == crc.checksum(data)
 
 
-@pytest.mark.parametrize("every", [1, 3])
-def test_the_forward_after_each_snapshot_waits_for_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              every: int) -> None:
-    """Issue 27: whatever `memory_every`, the step after a snapshot does not start before the
-    snapshot is committed (so no rank can finish it before every rank holds the snapshot: rollback
-    <= memory_every; tests/integration/test_memory_rollback.py kills real ranks mid-commit)."""
+def _held_commits(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Commits that wait for the returned event before they run."""
     import threading
 
     from resctl.checkpoint.memory import MemoryTier
@@ -270,19 +272,80 @@ def test_the_forward_after_each_snapshot_waits_for_its_commit(tmp_path: Path, mo
         commit(self, snap, *args)
 
     monkeypatch.setattr(MemoryTier, "_commit_slot", held_commit)
+    return release
+
+
+def _forward_waits(model: torch.nn.Module, x: torch.Tensor, release: Any) -> bool:
+    """Run a forward in a thread; whether it waited until `release` was set."""
+    import threading
+
+    done = threading.Event()
+    forward = threading.Thread(target=lambda: (model(x), done.set()))
+    forward.start()
+    waited = not done.wait(0.3)
+    release.set()
+    assert done.wait(30), "the forward still waits after the commit"
+    forward.join()
+    return waited
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_the_step_ending_in_the_next_snapshot_waits_for_a_commit_still_in_flight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int) -> None:
+    """Issue 31 (back-pressure): a commit still in flight when the step that ends in the next
+    snapshot starts holds that step's forward, so no rank finishes it (and overwrites the older
+    slot) before every rank holds the snapshot: rollback <= memory_every + the steps a commit
+    spans (tests/integration/test_memory_rollback.py kills real ranks mid-commit). The steps in
+    between run free while the commit goes on."""
+    release = _held_commits(monkeypatch)
     c = _ckpt(tmp_path, memory_every=every)
     model = torch.nn.Linear(4, 4)
     state = {"model": model}
     x = torch.ones(1, 4)
-    for step in range(1, every):  # no snapshot due: nothing holds the next forward
-        c.maybe_save(state, step)
-        model(x)
     c.maybe_save(state, every)  # a snapshot: its commit is held back
-    done = threading.Event()
-    forward = threading.Thread(target=lambda: (model(x), done.set()))
-    forward.start()
-    assert not done.wait(0.3), "the next forward ran before the snapshot was committed"
-    release.set()
-    assert done.wait(30), "the forward still waits after the commit"
-    forward.join()
+    for step in range(every + 1, 2 * every):  # not the step before the next snapshot: no hold
+        model(x)
+        c.maybe_save(state, step)
+    assert _forward_waits(model, x, release), "the step ending in the next snapshot ran before the commit"
+    c.maybe_save(state, 2 * every)
     c.close()
+
+
+def test_no_hold_without_back_pressure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that lands before the step ending in the next snapshot starts places no hold at
+    all (no forward hook, no wait): the snapshot costs its copy only, and its `ckpt_mem` says so."""
+    from resctl.checkpoint.memory import MemoryTier
+
+    placed: list[bool] = []
+    hold = MemoryTier.hold_if_committing
+    monkeypatch.setattr(MemoryTier, "hold_if_committing", lambda self: placed.append(hold(self)) or placed[-1])
+    log = EventLog(tmp_path / "run", rank=0)
+    c = _ckpt(tmp_path, memory_every=2, events=log)
+    model = torch.nn.Linear(4, 4)
+    x = torch.ones(1, 4)
+    for step in range(1, 9):
+        model(x)
+        c.maybe_save({"model": model}, step)
+        if step % 2 == 0:
+            c.memory_tier().wait()  # type: ignore[union-attr]  - the commit lands within the step
+    c.close()
+    assert placed == [False] * 3  # before steps 4, 6, 8 (step 2: no snapshot yet)
+    mem = [e for e in read_events(tmp_path / "run") if e["kind"] == "ckpt_mem"]
+    assert [e["step"] for e in mem] == [2, 4, 6, 8] and all(e["waited"] < 0.25 for e in mem), mem
+
+
+def test_a_hold_is_counted_in_the_next_snapshots_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seconds a forward was held for a commit are that snapshot cycle's cost: the next
+    `ckpt_mem` counts them in `waited` and `seconds` (the report and tune-interval read both)."""
+    release = _held_commits(monkeypatch)
+    log = EventLog(tmp_path / "run", rank=0)
+    c = _ckpt(tmp_path, memory_every=2, events=log)
+    model = torch.nn.Linear(4, 4)
+    x = torch.ones(1, 4)
+    c.maybe_save({"model": model}, 2)
+    c.maybe_save({"model": model}, 3)  # the step before the next snapshot: the commit is in flight
+    assert _forward_waits(model, x, release)
+    c.maybe_save({"model": model}, 4)
+    c.close()
+    mem = {e["step"]: e for e in read_events(tmp_path / "run") if e["kind"] == "ckpt_mem"}
+    assert mem[4]["waited"] >= 0.25 and mem[4]["seconds"] >= mem[4]["waited"], mem

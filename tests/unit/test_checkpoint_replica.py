@@ -422,6 +422,10 @@ def test_a_full_shm_on_the_buddy_refuses_the_copy_and_the_sender_says_so_once(ro
             tier, _ = _snapshots(roots[0], range(1, 4), events=EventLog(ev, rank=0), addr=_addr(srv))
             with pytest.raises(wire.WireError, match="no room for"):  # refused before anything is allocated
                 replica.put(_addr(srv), KEY, 0, _newest_slot(roots[0]))
+            # The sender's thread may not have tried yet on a loaded box; a close would drop its offer.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not any(e["kind"] == "ckpt_replica_fail" for e in read_events(ev)):
+                time.sleep(0.05)
             tier.close()
             assert _committed(tiny) == []
             kinds = [e["kind"] for e in read_events(ev)]

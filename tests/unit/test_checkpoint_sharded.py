@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port
 
 WORKER = textwrap.dedent(
     """
@@ -50,14 +51,8 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(script: Path, root: Path, phase: str) -> None:
-    port = _free_port()
+    port = free_port()
     repo = Path(__file__).resolve().parents[2]
     procs = []
     for rank in range(2):

@@ -1,11 +1,11 @@
-"""The memory tier's slot policy as pure code (resctl.checkpoint.slots): no torch, no files."""
+"""The memory tier's slot policy as pure code (resctl.slots): no torch, no files."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resctl.checkpoint import slots
+from resctl import slots
 
 slot = st.integers(0, slots.SLOTS - 1)
 

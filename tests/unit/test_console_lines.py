@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from resctl.launch.launcher_logs import FaultLines, restart_line
+from resctl.launch.launcher_logs import RESTART_MESSAGE, FaultLines, restart_line
 from resctl.profile.load import resolve
 
 NVRX_LAUNCHER = Path(importlib.util.find_spec("nvidia_resiliency_ext.fault_tolerance.launcher").origin or "")
@@ -21,8 +21,13 @@ MIN_HEALTHY = "{}/{} restart attempts left; restarting worker group..."
 
 def test_the_wordings_are_the_installed_nvrx_launchers() -> None:
     source = NVRX_LAUNCHER.read_text()
-    assert '"%s/%s attempts left;"\n                        " will restart worker group"' in source
-    assert "restart attempts left; restarting worker group..." in source
+    if "_torch_elastic_compat" in source:  # NVRx 0.4: any-failed and min-healthy
+        assert '"%s/%s attempts left;"\n                        " will restart worker group"' in source
+        assert "restart attempts left; restarting worker group..." in source
+    else:  # NVRx 0.6+: any-failed only, an f-string (issue 30)
+        assert ('f"{self._remaining_restarts}/{spec.max_restarts} attempts left; "\n'
+                '                    f"will restart worker group"') in source
+        assert RESTART_MESSAGE.search("[default] Worker group FAILED. 3/3 attempts left; will restart worker group")
     assert 'self._remaining_restarts -= 1' in source  # logged first, then used: the count includes this one
 
 
@@ -96,3 +101,30 @@ def test_max_iterations_counts_restarts_as_the_schema_says(monkeypatch: pytest.M
     controller = wrapper.initialize
     allowed = [i for i in range(10) if i < controller.max_iterations]
     assert len(allowed) - 1 == 3, "three restarts after the first run"
+
+
+class ProcessExitedException(Exception):
+    """The name torch.multiprocessing gives a forked worker's death (matched by name, as NVRx logs it)."""
+
+
+def _failed(code: int, exc: BaseException | None) -> logging.LogRecord:
+    r = record("failed (exitcode: %s) local_rank: %s (pid: %s) of fn: run_script_path (start_method: fork)",
+               code, 1, 4242)
+    r.exc_info = (type(exc), exc, None) if exc is not None else None
+    return r
+
+
+@pytest.mark.parametrize("failure", [
+    _failed(-9, ProcessExitedException("process 1 terminated with signal SIGKILL")),  # a forked worker
+    _failed(-9, None),  # an exec'd worker
+], ids=["fork", "exec"])
+def test_a_killed_rank_reads_the_same_in_both_start_modes(failure: logging.LogRecord) -> None:
+    got = lines(failure, record(ANY_FAILED, "default", "FAILED", 3, 3))
+    assert got[0].startswith("resctl: local rank 1 failed (terminated by signal SIGKILL); restarting the workers")
+
+
+def test_an_exit_code_and_a_raised_error_keep_their_wording() -> None:
+    fork_exit = _failed(3, ProcessExitedException("process 1 terminated with exit code 3"))
+    assert "(exit code 3)" in lines(fork_exit, record(ANY_FAILED, "default", "FAILED", 3, 3))[0]
+    raised = _failed(1, RuntimeError("Traceback (most recent call last):\n  ...\nValueError: boom"))
+    assert "(ValueError: boom)" in lines(raised, record(ANY_FAILED, "default", "FAILED", 3, 3))[0]

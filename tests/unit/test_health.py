@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -99,6 +100,21 @@ def test_the_launcher_gate_reads_its_limit_from_the_plan(tmp_path: Path, monkeyp
     assert gate_mod._gate() is None
 
 
+def test_the_guard_is_on_at_3_by_default_and_the_report_says_so_or_what_it_did() -> None:
+    from resctl.profile.schema import Profile
+    from resctl.telemetry.report_rows import crash_loop_guard
+
+    assert Profile().health.no_progress_cycles == 3  # NVRx >= 0.6's default
+    from resctl.profile.contract import health_limits
+
+    assert health_limits({"profile": {"health": {}}}).no_progress_cycles == 3  # a plan without the key: the default
+    assert "on: stops (exit 93) after 3" in crash_loop_guard(3, None)
+    assert crash_loop_guard(0, None).startswith("off")
+    fatal = {"cause": "no_progress", "exit_code": 93, "error": "no progress in 3 launcher cycle(s)"}
+    assert crash_loop_guard(3, fatal) == "stopped the job (exit 93): no progress in 3 launcher cycle(s)"
+    assert crash_loop_guard(None, None) == ""  # no plan.json: nothing to say
+
+
 def _feed(d: StragglerDetector, durations: dict[int, float], step: int, t: float = 0.0):
     found = []
     for rank, dur in durations.items():
@@ -127,6 +143,47 @@ def test_even_ranks_and_tiny_steps_are_never_named() -> None:
     d = StragglerDetector(margin=0.2, steps=3)
     for step in range(1, 50):
         assert not _feed(d, {0: 0.0001, 1: 0.004}, step)  # below FLOOR: timer noise
+
+
+def _feed_sync(d: StragglerDetector, busy: dict[int, float], step: int):
+    """A DDP step: every rank's step takes the slowest rank's time; `busy` is each rank's own work."""
+    wall = max(busy.values()) + 0.002
+    found = []
+    for rank, b in busy.items():
+        s = d.feed({"kind": "step", "rank": rank, "cycle": 0, "iteration": 0, "step": step, "duration": wall,
+                    "busy": b, "t": 0.0})
+        if s is not None:
+            found.append(s)
+    return found
+
+
+def test_in_a_synchronous_job_the_rank_the_others_wait_for_is_named_by_its_own_work() -> None:
+    d = StragglerDetector(margin=0.5, steps=20)
+    named = []
+    for step in range(1, 151):
+        named += _feed_sync(d, {0: 0.0008, 1: 0.0408 if step >= 10 else 0.0008}, step)  # 40 ms more from step 10
+    assert [s.rank for s in named] == [1] and named[0].measure == "busy", named
+    assert "its own work before the gradient all-reduce" in named[0].message()
+    assert named[0].step <= 10 + 20 + RECENT
+    balanced = StragglerDetector(margin=0.5, steps=20)
+    for step in range(1, 151):  # 4 even ranks with jitter of a few ms (a loaded box): no one named
+        assert not _feed_sync(balanced, {r: 0.001 + 0.003 * ((step * (r + 1)) % 3) for r in range(4)}, step)
+
+
+def test_the_report_compares_ranks_by_their_own_work_when_every_rank_has_it() -> None:
+    from resctl.telemetry.ranks import RankSteps
+    from resctl.telemetry.report_rows import rank_rows
+
+    table = RankSteps()
+    for step in range(1, 40):
+        for rank, busy in ((0, 0.001), (1, 0.041)):
+            table.feed({"kind": "step", "rank": rank, "cycle": 0, "iteration": 0, "step": step, "duration": 0.043,
+                        "busy": busy, "t": 0.0})
+    rows = {r["rank"]: r for r in table.rows()}
+    assert rows[1]["ratio_of"] == "busy" and rows[1]["ratio"] > 30 and rows[0]["ratio"] < 0.1
+    assert abs(rows[0]["median_s"] - 0.043) < 0.001  # step times alone: equal
+    title, shown = rank_rows(table.rows()) or ("", [])
+    assert "own work" in title and shown[1][4].startswith("0.04")
 
 
 @given(st.lists(st.floats(0, 10, allow_nan=False), min_size=2, max_size=200), st.data())
@@ -172,10 +229,13 @@ def test_the_report_table_and_the_metrics_show_each_ranks_step_time_and_the_name
     assert per_rank == {"0": 0.1, "1": 0.1, "2": 0.3}
 
 
-def test_the_report_names_the_straggler_in_its_per_rank_table(tmp_path: Path) -> None:
+def test_the_report_names_the_straggler_in_its_per_rank_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from resctl.cli import app
+    from resctl.cli import app, render
+
+    for console in (render.out_console, render.err_console):  # a narrow COLUMNS (CI's) wraps the straggler cell
+        monkeypatch.setattr(console, "width", 200)
 
     _uneven_run(tmp_path)
     result = CliRunner().invoke(app, ["report", str(tmp_path)])

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from pathlib import Path
 
 from resctl.telemetry import metrics
+from tests.ports import free_port
 
 
 def write_run(run_dir: Path) -> None:
@@ -49,12 +49,6 @@ def scrape(port: int) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_scraped_values_match_the_events(tmp_path: Path) -> None:

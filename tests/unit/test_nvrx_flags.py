@@ -45,17 +45,20 @@ def test_supported_series() -> None:
 @pytest.mark.parametrize(
     ("version", "series"),
     [("0.4.1", "0.4"), ("0.4.0", "0.4"), ("0.6.0", "0.6+"), ("0.7.0", "0.6+"), ("0.7.0rc1", "0.6+"),
-     ("0.10.2", "0.6+"), ("1.0", "0.6+"), ("0.4.1+cuda12", "0.4")],
+     ("0.7.3", "0.6+"), ("0.4.1+cuda12", "0.4")],
 )
 def test_series_for(version: str, series: str) -> None:
     assert nvrx_flags.series_for(version) == series
 
 
-@pytest.mark.parametrize("version", ["0.5.0", "0.3.9", "", "latest"])
+@pytest.mark.parametrize("version", ["0.5.0", "0.3.9", "", "latest", "0.8.0", "0.10.2", "1.0"])
 def test_series_for_refuses(version: str) -> None:
+    """Older, 0.5 and newer than resctl was checked on (issue 30): refused, naming the supported range."""
     with pytest.raises(UsageError) as err:
         nvrx_flags.series_for(version)
     assert "0.4" in str(err.value)
+    if version[:1].isdigit() and version not in ("0.5.0", "0.3.9"):
+        assert "0.4.x or 0.6.x-0.7.x" in str(err.value) and "checked on 0.4.1, 0.6.0, 0.7.0" in str(err.value)
 
 
 @pytest.mark.parametrize(("series", "version"), ALL_CHECKED)

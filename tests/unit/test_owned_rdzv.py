@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 dist = pytest.importorskip("torch.distributed")
-from resctl.launch.owned_rdzv import OwnedRendezvousHandler, _Settings, mark_dead  # noqa: E402
+from resctl.launch.owned_rdzv import OwnedRendezvousHandler, _Errors, _Settings, mark_dead  # noqa: E402
 
 KEEP_ALIVE, MISSES = 0.2, 3
 
@@ -29,10 +29,10 @@ class Cluster:
         self.port, self.args = port, (run_id, min_nodes, max_nodes, 30.0, last_call, KEEP_ALIVE, MISSES, True)
         self.handlers: list[OwnedRendezvousHandler] = []
 
-    def node(self) -> OwnedRendezvousHandler:
+    def node(self, kind: type[OwnedRendezvousHandler] = OwnedRendezvousHandler) -> Any:
         client = dist.TCPStore("127.0.0.1", self.port, None, False, timeout=timedelta(seconds=30), use_libuv=False)
         beat = dist.TCPStore("127.0.0.1", self.port, None, False, timeout=timedelta(seconds=30), use_libuv=False)
-        h = OwnedRendezvousHandler(client, _Settings(*self.args), connect=lambda: beat)
+        h = kind(client, _Settings(*self.args), connect=lambda: beat)
         self.handlers.append(h)
         return h
 
@@ -61,8 +61,8 @@ def join_all(handlers: list[OwnedRendezvousHandler], timeout: float = 20) -> dic
 
     def one(i: int, h: OwnedRendezvousHandler) -> None:
         try:
-            _, rank, world = h.next_rendezvous()
-            out[i] = (rank, world)
+            got = h.next_rendezvous()  # NVRx 0.4's agent takes a tuple, 0.6+'s torch's RendezvousInfo
+            out[i] = (got.rank, got.world_size) if hasattr(got, "rank") else tuple(got[1:])
         except BaseException as err:  # noqa: BLE001 - re-raised below
             errors.append(err)
 
@@ -145,10 +145,8 @@ def test_a_new_node_makes_a_round_with_room_restart(cluster: Any) -> None:
 
 
 def test_closing_wakes_spares_and_stops_joins(cluster: Any) -> None:
-    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.api import (
-        RendezvousClosedError,
-        RendezvousGracefulExitError,
-    )
+    api = _Errors.api()  # NVRx 0.4's copy of torch elastic's, torch's own on 0.6+
+    RendezvousClosedError, RendezvousGracefulExitError = api.RendezvousClosedError, api.RendezvousGracefulExitError
 
     c = cluster("close", 1, 1)
     a = c.node()
@@ -164,12 +162,42 @@ def test_closing_wakes_spares_and_stops_joins(cluster: Any) -> None:
 
     thread = threading.Thread(target=wait_as_spare, daemon=True)
     thread.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 20
+    while not a.state().spares and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(a.state().spares) == 1, "the spare waits, alive"
     assert a.shutdown() is True and a.is_closed()
     thread.join(10)
     assert caught and isinstance(caught[0], RendezvousGracefulExitError)
+    assert a.state().spares == (), "a spare that saw the close marked itself gone (the store host waits for none)"
     with pytest.raises(RendezvousClosedError):
         c.node().next_rendezvous()
+
+
+def test_the_store_host_outlives_a_spare_that_has_not_seen_the_close(cluster: Any, port: int) -> None:
+    """The store host's end (ResctlAgent._wait_for_peers, in place of NVRx 0.6+'s fixed 3 s): a round of one
+    node, no peers to wait for, but a live spare in a full round (launch.nnodes' maximum = the round's size)
+    still reads the store: the host waits for it (a spare lost the store in CI, exit 1), then goes at once."""
+    from types import SimpleNamespace
+
+    from resctl.launch.agent import ResctlAgent
+
+    c = cluster("host-end", 1, 1)
+    a = c.node()
+    join_all([a])
+    spare = c.node()
+    spare._register()  # a live member outside the round: what a spare is until it sees the close
+    host = object.__new__(ResctlAgent)
+    host._worker_group = SimpleNamespace(store=dist.TCPStore("127.0.0.1", port, None, False), group_world_size=1,
+                                         spec=SimpleNamespace(rdzv_handler=a))
+    t0 = time.monotonic()
+    host._wait_for_peers(0.6)
+    assert time.monotonic() - t0 >= 0.6, "returned while the spare still read the store"
+    spare._stop_heartbeats()
+    spare.remove_this_node()
+    t0 = time.monotonic()
+    host._wait_for_peers(30)
+    assert time.monotonic() - t0 < 25, "waited on after the spare had gone"
 
 
 def test_num_nodes_counts_members_that_have_not_left(cluster: Any) -> None:
@@ -248,3 +276,174 @@ def test_worker_states_are_refused_with_the_fix(cluster: Any) -> None:
     for call in (lambda: node.get_worker_states(), lambda: node.try_set_worker_state(None)):
         with pytest.raises(LaunchError, match='launch.rendezvous = "nvrx"'):
             call()
+
+
+# --- the typed state the features outside the rendezvous read (issue 30) ---------------------------
+
+def _agent_of(handler: Any, nodes: int) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(_worker_group=SimpleNamespace(spec=SimpleNamespace(rdzv_handler=handler),
+                                                         group_world_size=nodes))
+
+
+def _wait(pred: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_spare_says_so_once_and_the_state_counts_it_for_a_peers_stop(cluster: Any) -> None:
+    import io
+
+    from resctl.launch import spares
+
+    c = cluster("view", 2, 2)
+    a, b = c.node(), c.node()
+    join_all([a, b])
+    state = a.state()
+    assert (state.round, state.size, state.spares, state.next_open) == (0, 2, (), False)
+    assert state.full_with(2) and not state.full_with(3)
+    console = io.StringIO()
+    assert spares.decide_after_peer_stop(_agent_of(a, 2), console) is True  # no spare, a fixed 2: stop too
+    assert 'launch.nnodes = "2" and no spare node is waiting' in console.getvalue()
+
+    spare = c.node()
+    spare.on_spare = spares.SpareConsole(io.StringIO())
+    thread = threading.Thread(target=spare.next_rendezvous, daemon=True)
+    thread.start()
+    _wait(lambda: len(a.state().spares) == 1)
+    for _ in range(3):  # the spare's keep-alive ticks; still one line
+        time.sleep(KEEP_ALIVE)
+    said = spare.on_spare._console.getvalue()
+    assert said.count("\n") == 1 and "this node is a spare: the job has its 2 node(s) (launch.nnodes maximum 2)" in said
+    console = io.StringIO()
+    room = spares.room(_agent_of(a, 2))
+    assert room is not None and room.waiting == 1
+    assert spares.decide_after_peer_stop(_agent_of(a, 2), console) is False
+    assert "a spare node takes its place (1 waiting)" in console.getvalue()
+
+    b._stop_heartbeats()
+    b.remove_this_node()  # b left: a restarts with the spare
+    join_all([a])
+    thread.join(10)
+    assert spare.on_spare._console.getvalue().endswith(spares.JOINING_LINE)
+    state = a.state()
+    assert (state.round, state.size, state.spares) == (1, 2, ())
+
+
+def test_the_preflight_waits_for_a_full_round_of_resctls_rendezvous(cluster: Any, port: int) -> None:
+    from resctl.launch import spares
+
+    c = cluster("prefl", 2, 2)
+    a, b = c.node(), c.node()
+    endpoint = f"127.0.0.1:{port}"
+    assert spares.wait_for_full_round(endpoint, "prefl", 2, timeout=0.6, poll=0.1) is False, "no round yet"
+    join_all([a, b])
+    assert spares.wait_for_full_round(endpoint, "prefl", 2, timeout=5, poll=0.1) is True
+    assert spares.wait_for_full_round(endpoint, "prefl", 3, timeout=0.6, poll=0.1) is False
+
+
+def test_nvrx_06s_agent_drives_resctls_rendezvous_by_its_barrier_names(cluster: Any) -> None:
+    """What NVRx >= 0.6's agent calls (launcher.py of 0.7.0), against real handlers on a real store."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousInfo
+
+    from resctl.launch.rdzv_install import BarrierAgentHandler, _reasons
+
+    c = cluster("barrier", 2, 2)
+    a, b = c.node(BarrierAgentHandler), c.node(BarrierAgentHandler)
+    a.local_addr = b.local_addr = "127.0.0.1"  # --local-addr: rank 0's names the workers' store
+    assert a.round() == 0 and a.use_agent_store is False and not a.attribution_stop_requested()
+    infos: dict[str, Any] = {}
+    threads = [threading.Thread(target=lambda n=n, h=h: infos.update({n: h.next_rendezvous()}), daemon=True)
+               for n, h in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert all(isinstance(i, RendezvousInfo) for i in infos.values())
+    assert sorted(i.rank for i in infos.values()) == [0, 1] and {i.world_size for i in infos.values()} == {2}
+    assert infos["a"].bootstrap_store_info.master_port == infos["b"].bootstrap_store_info.master_port
+    assert {i.bootstrap_store_info.master_addr for i in infos.values()} == {"127.0.0.1"}
+    assert not a.is_next_round_open() and not b.is_next_round_open()
+
+    a._barrier_state.open_rendezvous()  # a's workers failed: it opens the next round, b's agent sees it
+    assert b.is_next_round_open()
+    join_all([a, b])
+    assert a.round() == 1 and not b.is_next_round_open()
+
+    graceful, failure, no_restart = _reasons()
+    a.shutdown()  # the job ended well here: the other node's agent is not told to restart
+    assert a.is_closed() and not b.is_next_round_open() and b.no_restart_reason() is None
+    assert not b.is_shutdown_due_to_failure()
+
+
+def test_a_failure_or_a_no_restart_reason_reaches_every_node(cluster: Any) -> None:
+    from resctl.launch.rdzv_install import BarrierAgentHandler, _reasons
+
+    graceful, failure, no_restart = _reasons()
+    c = cluster("reasons", 2, 2)
+    a, b = c.node(BarrierAgentHandler), c.node(BarrierAgentHandler)
+    join_all([a, b])
+    a.signal_no_restart("no_progress")
+    assert b.is_next_round_open(), "the healthy agents' poll sees it"
+    assert b.no_restart_reason() == ("no_progress" if "no_progress" in no_restart else None)
+    c2 = cluster("failure", 1, 1)
+    d, e = c2.node(BarrierAgentHandler), c2.node(BarrierAgentHandler)
+    join_all([d])
+    assert d.shutdown_due_to_failure() is True
+    assert e.is_shutdown_due_to_failure() and e.is_closed() and e.close_reason() == failure
+
+
+def test_the_preflight_wait_on_nvrx_06s_own_rendezvous_says_it_needs_resctls() -> None:
+    import importlib.util
+
+    from resctl.launch import spares
+
+    nvrx_04 = importlib.util.find_spec("nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat") is not None
+    if nvrx_04:  # NVRx 0.4/0.5's own state can be read (the opt-out as before)
+        assert callable(spares._full_round_reader("run", 2, "nvrx"))
+    else:
+        with pytest.raises(spares.UnreadableRendezvous, match='launch.rendezvous = "auto", the default'):
+            spares.wait_for_full_round("127.0.0.1:1", "run", 2, timeout=0.1, rendezvous="nvrx")
+    assert callable(spares._full_round_reader("run", 2, "resctl"))
+
+
+INSTALL_SNIPPET = r"""
+import os, socket, sys
+from resctl.patching import Patches
+from resctl.launch import rdzv_install
+from nvidia_resiliency_ext.fault_tolerance import launcher
+patches = Patches("t")
+assert not rdzv_install.install(patches, env={})  # NVRx's own: nothing changes
+original = launcher._register_ft_rdzv_handler
+assert rdzv_install.install(patches, env={"RESCTL_RDZV": "resctl", "RESCTL_RDZV_KEEP_ALIVE": "0.5"})
+launcher._register_ft_rdzv_handler()  # what ft_launcher's main calls
+try:
+    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous import registry, RendezvousParameters
+except ImportError:
+    from torch.distributed.elastic.rendezvous import registry, RendezvousParameters
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+params = RendezvousParameters("c10d", f"127.0.0.1:{port}", "inst", 1, 1, local_addr="127.0.0.1", is_host="1")
+handler = registry.get_rendezvous_handler(params)
+print(type(handler).__name__, handler.settings.keep_alive, type(handler.on_spare).__name__)
+patches.undo()
+assert launcher._register_ft_rdzv_handler is original
+"""
+
+
+def test_install_puts_resctls_handler_where_ft_launcher_registers_its_own(tmp_path: Any) -> None:
+    """Through ft_launcher's own registration (a child process: the registry is global), the handler for
+    this NVRx: NVRx 0.4's agent gets the plain handler, 0.6+'s the one that answers its barrier names."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", INSTALL_SNIPPET], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    nvrx_04 = importlib.util.find_spec("nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat") is not None
+    kind = "OwnedRendezvousHandler" if nvrx_04 else "BarrierAgentHandler"
+    assert out.stdout.split()[-3:] == [kind, "0.5", "SpareConsole"], out.stdout

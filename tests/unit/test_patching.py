@@ -58,20 +58,18 @@ def test_shim_install_is_undone_completely(tmp_path) -> None:
 
 
 def test_launcher_adapters_apply_once_and_undo(monkeypatch, tmp_path) -> None:
-    import importlib
-
     from nvidia_resiliency_ext.fault_tolerance import launcher
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_server import RankMonitorServer
 
-    spawn = importlib.import_module("torch.multiprocessing.spawn")  # the attribute is a function
     monkeypatch.setenv("RESCTL_STOP_FILE", str(tmp_path / "stop"))
     ft_entry.undo_adapters()
-    join, stop_workers, clock = spawn.ProcessContext.join, launcher.LocalElasticAgent._stop_workers, launcher.time
+    agent_cls, clock, monitor_run = launcher.LocalElasticAgent, launcher.time, RankMonitorServer.run
     applied = ft_entry.apply_adapters()
     try:
-        assert "ProcessContext.join" in applied and "LocalElasticAgent._stop_workers" in applied
+        assert "nvidia_resiliency_ext.fault_tolerance.launcher.LocalElasticAgent" in applied and "RankMonitorServer.run" in applied
         assert ft_entry.apply_adapters() == [], "adapters apply once"
         assert launcher.time is not clock and launcher.time.monotonic is clock.monotonic
     finally:
         ft_entry.undo_adapters()
-    assert (spawn.ProcessContext.join, launcher.LocalElasticAgent._stop_workers, launcher.time) == (join, stop_workers, clock)
+    assert (launcher.LocalElasticAgent, launcher.time, RankMonitorServer.run) == (agent_cls, clock, monitor_run)
     assert os.environ["RESCTL_STOP_FILE"] == str(tmp_path / "stop")

@@ -178,24 +178,20 @@ def test_a_replica_port_in_use_is_a_usage_error_naming_the_key() -> None:
             serve_replica(p, {}, lambda _line: None)
 
 
-def test_resctls_rendezvous_where_it_can_stand_in() -> None:
-    """launch.rendezvous: NVRx's by default; auto: resctl's on NVRx 0.4 with any-failed, NVRx's with
-    min-healthy and on 0.6+ (their own barrier rendezvous); "resctl" where it cannot stand in is refused,
-    naming the way out."""
-    assert "RESCTL_RDZV" not in make(None, "0.4.1").env
-    auto = ('launch.rendezvous="auto"',)
-    on = make(None, "0.4.1", sets=auto)
-    assert on.args == make(None, "0.4.1").args
-    assert make(None, "0.4.1", sets=('launch.rendezvous="resctl"',)).env == on.env
-    assert on.env["RESCTL_RDZV"] == "resctl" and on.env["RESCTL_RDZV_KEEP_ALIVE"] == "1"
-    assert on.env["RESCTL_RDZV_MISSES"] == "3"
-    tuned = make(None, "0.4.1", sets=(*auto, "launch.rdzv_keep_alive=250ms", "launch.rdzv_keep_alive_misses=4"))
+def test_resctls_rendezvous_is_the_default_on_every_nvrx_version() -> None:
+    """launch.rendezvous: resctl's by default (auto) on NVRx 0.4 and 0.7 alike; NVRx's with min-healthy
+    (in-process restart on 0.4) and with the "nvrx" opt-out; "resctl" with min-healthy is refused, naming
+    the way out."""
+    for version in ("0.4.1", "0.7.0"):
+        on = make(None, version)
+        assert on.env["RESCTL_RDZV"] == "resctl" and on.env["RESCTL_RDZV_KEEP_ALIVE"] == "1"
+        assert on.env["RESCTL_RDZV_MISSES"] == "3"
+        assert make(None, version, sets=('launch.rendezvous="resctl"',)).env == on.env
+        off = make(None, version, sets=('launch.rendezvous="nvrx"',))
+        assert "RESCTL_RDZV" not in off.env and off.args == on.args, "the launcher's command line is the same"
+    tuned = make(None, "0.4.1", sets=("launch.rdzv_keep_alive=250ms", "launch.rdzv_keep_alive_misses=4"))
     assert tuned.env["RESCTL_RDZV_KEEP_ALIVE"] == "0.25" and tuned.env["RESCTL_RDZV_MISSES"] == "4"
-    assert tuned.args == on.args, "the launcher's command line is the same either way"
     inproc = ("inprocess.enabled=true", "heartbeat.timeout=90s")
-    for p in (make(None, "0.4.1", sets=(*auto, *inproc)), make(None, "0.7.0", sets=auto)):
-        assert "RESCTL_RDZV" not in p.env
+    assert "RESCTL_RDZV" not in make(None, "0.4.1", sets=inproc).env, "min-healthy keeps NVRx's"
     with pytest.raises(UsageError, match="any-failed"):
         make(None, "0.4.1", sets=(*inproc, 'launch.rendezvous="resctl"'))
-    with pytest.raises(UsageError, match="own barrier rendezvous"):
-        make(None, "0.7.0", sets=('launch.rendezvous="resctl"',))

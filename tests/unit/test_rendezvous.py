@@ -339,3 +339,17 @@ def test_bad_nodelist_is_a_usage_error(tmp_path: Path) -> None:
     cfg, env, hostname, root = load("slurm-multinode", tmp_path)
     with pytest.raises(UsageError, match="SLURM_STEP_NODELIST"):
         detect(cfg, {**env, "SLURM_STEP_NODELIST": "p5-[001"}, hostname, root=root)
+
+
+def test_the_profile_parses_endpoints_and_node_ranges_once_into_typed_fields() -> None:
+    from resctl.profile.schema import Endpoint, NodeRange
+
+    launch = Launch(nnodes="2:4", rdzv_endpoint="[fd00::1]:29400")
+    assert launch.node_range == NodeRange(2, 4) and launch.node_range.max == 4
+    assert launch.endpoint == Endpoint("fd00::1", 29400) and str(launch.endpoint) == "[fd00::1]:29400"
+    assert Launch(rdzv_endpoint="head", rdzv_port=1234).endpoint == Endpoint("head", 1234)
+    assert Launch().endpoint is None  # auto: the rendezvous detection decides
+    rdzv = Rendezvous(endpoint="h:29500", run_id="r", standalone=False, node_rank=None, nnodes=None, is_host=None,
+                      source="explicit", notes=())
+    assert rdzv.address() == Endpoint("h", 29500) and rdzv.node_range(launch) == NodeRange(2, 4)
+    assert dataclasses.replace(rdzv, nnodes="3").node_range(launch) == NodeRange(3, 3)  # the scheduler's count wins

@@ -68,6 +68,7 @@ def test_files_the_run_did_not_write_and_loads_after_training_began_change_nothi
     torch.save({"m": model.state_dict()}, tmp_path / "mine.pt")
     model(torch.ones(2)).sum().backward()
     opt.step()  # this epoch has made a step: a later load is an evaluation, not a resume
+    s.on_optimizer_step()  # the shim's step hook (Shim.install registers it; the tracker has none of its own)
     s.step = 6
     torch.load(tmp_path / "mine.pt")
     assert s.step == 6

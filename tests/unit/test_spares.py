@@ -12,9 +12,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from nvidia_resiliency_ext.fault_tolerance import _ft_rendezvous as rdzv
 
 from resctl.launch import spares, stop
+
+# NVRx 0.4's c10d rendezvous state (0.6+ has only its barrier rendezvous): the "nvrx" opt-out on the 0.4 series.
+rdzv = pytest.importorskip("nvidia_resiliency_ext.fault_tolerance._ft_rendezvous", reason="NVRx 0.4's rendezvous")
 
 
 @pytest.mark.parametrize("nodes, lo, hi, waiting, goes_on, why", [
@@ -84,8 +86,9 @@ def test_no_spare_and_a_fixed_size_stops_this_node_with_one_line(monkeypatch: py
 
 def test_another_rendezvous_shape_keeps_nvrx_restart_and_an_unreadable_one_stops() -> None:
     console = io.StringIO()
-    assert spares.decide_after_peer_stop(SimpleNamespace(), console) is False, "NVRx >= 0.6: as before"
-    assert console.getvalue() == ""
+    assert spares.decide_after_peer_stop(SimpleNamespace(), console) is False, "NVRx >= 0.6's own: as before"
+    assert console.getvalue().count("\n") == 1 and 'cannot be read by resctl, so NVRx restarts' in console.getvalue()
+    console = io.StringIO()
 
     class Gone(_Holder):
         def sync(self) -> None:

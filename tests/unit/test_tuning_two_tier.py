@@ -9,7 +9,7 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as hs
 
 from resctl.tuning.model import Costs, daly_interval, evaluate, recommend
-from resctl.tuning.two_tier import MemoryCosts, overhead, plan
+from resctl.tuning.two_tier import MemoryCosts, hold, overhead, plan
 
 DISK = Costs(step_time=1.0, stall=0.12, write=6.0, restart=60.0)
 
@@ -133,3 +133,37 @@ def test_overhead_never_grows_with_either_interval(t: float, s_m: float, write: 
     assert overhead(m, m * (j + 1), mem, disk, mode)[0] <= overhead(m, m * j, mem, disk, mode)[0] + tol
     n = m * j * 2
     assert overhead(2 * m, n, mem, disk, mode)[0] <= overhead(m, n, mem, disk, mode)[0] + tol
+
+
+def test_a_commit_longer_than_the_steps_between_snapshots_costs_its_back_pressure_hold() -> None:
+    """Issue 31: the step ending in the next snapshot waits for what is left of the commit, so a
+    snapshot's true cost is its stall plus max(0, C - (m - 1) t), and nothing more once covered."""
+    step, commit = 0.0145, 0.22
+    disk = Costs(step_time=step, stall=0.01, write=6.0)
+    mem = MemoryCosts(0.011, commit)
+    for m in (1, 4, 16, 17, 76):
+        assert hold(m, mem, step) == pytest.approx(max(0.0, commit - (m - 1) * step))
+    _, mem_short = overhead(4, 400, mem, disk)
+    _, mem_long = overhead(76, 760, mem, disk)
+    assert mem_short > 10 * mem_long  # 0.011 + 0.18 s per 4 steps against 0.011 s per 76
+    assert hold(76, mem, step) == 0 and mem_long <= 0.011 / (76 * step)
+
+
+def test_advise_plans_both_tiers_with_memory_numbers_and_says_why_not_without() -> None:
+    """resctl.tuning.advise: the typed advice the CLI renders (the CLI's own tests check the text)."""
+    from resctl.tuning.advise import advise
+    from resctl.tuning.inputs import Inputs, MemoryInputs
+
+    given = Inputs(step_time=1.0, stall=0.12, write_time=6.0, restart=60.0, mtbf_per_node=86400.0, nodes=4,
+                   interval=100)
+    both = advise(given, MemoryInputs(stall=0.1, commit=0.3, memory_every=10), None, 0.01)
+    assert both.two_tier is not None and both.memory is not None and both.skipped is None
+    assert both.values == {"interval_steps": both.two_tier.interval_steps, "memory_every": both.two_tier.memory_every}
+    assert both.current is not None and not isinstance(both.current, str)  # 100 is a multiple of 10
+    assert (both.current.memory_every, both.current.interval_steps) == (10, 100)
+    assert both.to_json()["profile"] == both.values and both.sources["step_time"]
+    odd = advise(given, MemoryInputs(stall=0.1, commit=0.3, memory_every=30), None, 0.01)
+    assert isinstance(odd.current, str) and "not a multiple" in odd.current
+    disk = advise(given, MemoryInputs(), None, 0.01)
+    assert disk.two_tier is None and disk.skipped and disk.values == {"interval_steps": disk.recommendation.interval_steps}
+    assert disk.to_json()["two_tier_skipped"] == disk.skipped

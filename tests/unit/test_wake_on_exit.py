@@ -1,4 +1,4 @@
-"""The launcher's monitor sleep (`adapters._WakeOnWorkerExit`) with real child processes: it wakes
+"""The launcher's monitor sleep (`agent.sleep_until_exit`, the agent's sleep) with real child processes: it wakes
 when a worker exits; after `PEER_GRACE` when the worker exited with a failing code (its peers' last
 lines get torchrun's 0.1 s), at once when a signal killed it (the fast-recovery path)."""
 
@@ -7,20 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from types import SimpleNamespace
 from typing import Iterator
 
 import pytest
 
-from resctl.launch import adapters
-
-
-class _Context:
-    def __init__(self, pids: list[int]) -> None:
-        self._pids = pids
-
-    def pids(self) -> dict[int, int]:
-        return dict(enumerate(self._pids))
+from resctl.launch import agent
 
 
 def _child(action: str) -> int:
@@ -34,9 +25,8 @@ def _child(action: str) -> int:
 
 
 @pytest.fixture
-def workers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+def workers() -> Iterator[list[int]]:
     pids: list[int] = []
-    monkeypatch.setattr(adapters._Agent, "current", SimpleNamespace(_pcontext=_Context(pids)))
     yield pids
     for pid in pids:
         try:
@@ -54,7 +44,7 @@ def _exit_to_wake(workers: list[int], action: str) -> tuple[float, int]:
     pid = _child(action)
     workers.append(pid)
     woke_after_start = time.monotonic()
-    adapters._WakeOnWorkerExit(time).sleep(20.0)
+    agent.sleep_until_exit(workers, [], 20.0)
     woke = time.monotonic()
     info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     assert info is not None, "the sleep returned before the worker ended"
@@ -68,7 +58,7 @@ def test_a_failing_exit_gives_the_peers_torchruns_poll_interval(workers: list[in
     woke, status = _exit_to_wake(workers, "fail")
     assert status == 3
     # The child ended >= 0.3 s after t0; the sleep returned at least PEER_GRACE after that.
-    assert woke - t0 >= 0.3 + adapters.PEER_GRACE
+    assert woke - t0 >= 0.3 + agent.PEER_GRACE
 
 
 class _RecordingTime:
@@ -91,9 +81,47 @@ def test_only_a_failing_exit_gets_the_grace(workers: list[int], action: str, sta
     pid = _child(action)
     workers.append(pid)
     clock = _RecordingTime()
-    adapters._WakeOnWorkerExit(clock).sleep(20.0)
+    agent.sleep_until_exit(workers, [], 20.0, clock)
     info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     assert info is not None and info.si_status == status
-    assert adapters._exited_failing(pid) is grace
-    assert len(clock.sleeps) == int(grace) and all(0 < s <= adapters.PEER_GRACE for s in clock.sleeps), clock.sleeps
-    assert not adapters._exited_failing(os.getpid())  # not a child: never a grace
+    assert agent._exited_failing(pid) is grace
+    assert len(clock.sleeps) == int(grace) and all(0 < s <= agent.PEER_GRACE for s in clock.sleeps), clock.sleeps
+    assert not agent._exited_failing(os.getpid())  # not a child: never a grace
+
+
+class _Clock(_RecordingTime):
+    """Records the sleeps and makes none (the blind sleep of a whole interval is what is checked)."""
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+
+def _exited_child(code: int) -> int:
+    """A child that has exited with `code` and is not reaped (a zombie: the monitor has not seen it)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(code)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # blocks until it exits; leaves it unreaped
+    return pid
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd on this platform")
+@pytest.mark.parametrize("code,sleeps", [(0, []), (3, [agent.PEER_GRACE])])
+def test_a_worker_that_exited_after_the_monitors_look_ends_the_next_sleep_at_once(
+        workers: list[int], code: int, sleeps: list[float]) -> None:
+    # The last worker of a finished job exits between the monitor's look and its sleep: the sleep used to
+    # run its whole interval (a job's end held back by 5 s, the default monitor interval).
+    workers.append(_exited_child(code))
+    clock = _Clock()
+    agent.sleep_until_exit(workers, [], 20.0, clock, after_look=True)
+    assert clock.sleeps == pytest.approx(sleeps, abs=0.05)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd on this platform")
+def test_other_sleeps_do_not_end_on_a_worker_that_had_exited_before_them(workers: list[int]) -> None:
+    # NVRx's own waits while it stops workers sleep through the launcher's clock too: a worker already
+    # gone must not turn them into a busy loop.
+    workers.append(_exited_child(0))
+    clock = _Clock()
+    agent.sleep_until_exit(workers, [], 20.0, clock)
+    assert clock.sleeps == [20.0]

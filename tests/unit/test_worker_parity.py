@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
-from resctl.launch import adapters, preload
+from resctl.launch import agent, preload
 from resctl.patching import Patches
 from resctl.shim import ending, forked
 from resctl.shim.signals import SigtermWatcher
@@ -122,18 +122,17 @@ def test_the_launcher_takes_a_worker_that_exited_0_without_a_result_for_done() -
     ctx = mp.get_context("fork")
     queues = {0: ctx.SimpleQueue(), 1: ctx.SimpleQueue()}
     queues[1].put("value")
-    polled: list[bool] = []
     fake = SimpleNamespace(
         _pc=SimpleNamespace(processes=[SimpleNamespace(exitcode=0, join=lambda: None),
                                        SimpleNamespace(exitcode=0, join=lambda: None)]),
         _ret_vals=queues, _return_values={}, _worker_finished_event=ctx.Event(), nprocs=2)
     fake._is_done = lambda: len(fake._return_values) == fake.nprocs
-    adapters._polling_exits(lambda self: polled.append(True))(fake)
-    assert fake._return_values == {0: None, 1: "value"} and fake._worker_finished_event.is_set() and polled
+    agent.settle_exited(fake)
+    assert fake._return_values == {0: None, 1: "value"} and fake._worker_finished_event.is_set()
     running = SimpleNamespace(**{**vars(fake), "_return_values": {}, "_worker_finished_event": ctx.Event()})
     running._pc = SimpleNamespace(processes=[SimpleNamespace(exitcode=None, join=lambda: None)] * 2)
     running._is_done = lambda: len(running._return_values) == 2
-    adapters._polling_exits(lambda self: None)(running)
+    agent.settle_exited(running)
     assert running._return_values == {} and not running._worker_finished_event.is_set()
 
 

@@ -1,0 +1,64 @@
+"""A step profile on the device (issue 31, item 2): bench/scripts/step_phases.py under torchrun,
+`resctl run` (forked workers) and `resctl run --set launch.worker_start=exec`, alternating, `--repeats`
+times; prints one JSON document with every run's phase medians (per block kind: as is, without the
+global optimizer hooks, without the GC) and what each worker inherited.
+
+    python bench/gpu_step_profile.py --repeats 3 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LAUNCHERS = {
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1"],
+    "resctl": [sys.executable, "-m", "resctl", "run", "--nproc-per-node", "1"],
+    "resctl_exec": [sys.executable, "-m", "resctl", "run", "--set", "launch.worker_start=exec", "--nproc-per-node", "1"],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--launchers", default=",".join(LAUNCHERS))
+    a = ap.parse_args()
+    names = a.launchers.split(",")
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    tmp = Path(tempfile.mkdtemp(prefix="step-profile-"))
+    for i in range(a.repeats):
+        for n in (names if i % 2 == 0 else names[::-1]):
+            cmd = list(LAUNCHERS[n])
+            if n.startswith("resctl"):
+                cmd += ["--run-dir", str(tmp / f"{n}-{i}")]
+            cmd += [str(HERE / "scripts" / "step_phases.py"), "--device", a.device, "--blocks", str(a.blocks),
+                    "--steps", str(a.steps)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp)
+            line = next((x for x in (proc.stdout + proc.stderr).splitlines() if x.startswith("PHASES ")), None)
+            if line is None:
+                runs[n].append({"error": (proc.stdout + proc.stderr)[-2000:]})
+                continue
+            runs[n].append(json.loads(line[len("PHASES "):]))
+            r = runs[n][-1]
+            print(f"{n}: step as_is {r['as_is']['step']} us, no hooks {r['no_opt_hooks']['step']}, no gc "
+                  f"{r['no_gc']['step']}", file=sys.stderr, flush=True)
+    summary = {}
+    for n, rs in runs.items():
+        ok = [r for r in rs if "as_is" in r]
+        if ok:
+            summary[n] = {kind: {p: statistics.median(r[kind][p] for r in ok) for p in ok[0][kind]}
+                          for kind in ("as_is", "no_opt_hooks", "no_gc")}
+    print(json.dumps({"summary": summary, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

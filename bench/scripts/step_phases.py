@@ -1,0 +1,120 @@
+"""Where a tiny DDP step's time goes, in the worker (bench/gpu_step_profile.py, issue 31 item 2).
+
+The loop of bench/scripts/happy_ddp.py, timed per phase (perf_counter_ns: zero_grad, forward,
+backward, optimizer step, device sync) in alternating blocks: `as_is`; `no_opt_hooks` (the global
+optimizer post hooks, resctl's shim among them, removed for the block); `no_gc` (the cyclic GC off).
+Rank 0 prints one `PHASES <json>` line: per block kind the median of each phase and of the step,
+and what the process inherited (threads, CPU affinity, nice, autogroup, GC generations, hugepages,
+torch's thread pools, NCCL/TORCH/CUDA/OMP variables).
+
+    torchrun --nproc-per-node 1 bench/scripts/step_phases.py --device cuda --blocks 12 --steps 200
+"""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.optim.optimizer as optimizer_mod
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+PHASES = ("zero_grad", "forward", "backward", "opt_step", "sync", "step")
+
+
+def facts() -> dict:
+    def read(path: str) -> str:
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    huge = [line for line in read("/proc/self/smaps_rollup").splitlines() if "AnonHugePages" in line or line.startswith("Rss")]
+    return {
+        "threads": sorted(t.name for t in threading.enumerate()), "os_threads": len(os.listdir("/proc/self/task")),
+        "affinity": len(os.sched_getaffinity(0)), "nice": os.nice(0), "autogroup": read("/proc/self/autogroup").strip(),
+        "gc_counts": gc.get_count(), "gc_objects": len(gc.get_objects()), "gc_stats": gc.get_stats(),
+        "torch_threads": torch.get_num_threads(), "interop": torch.get_num_interop_threads(), "smaps": huge,
+        "opt_post_hooks": len(optimizer_mod._global_optimizer_post_hooks),
+        "opt_pre_hooks": len(optimizer_mod._global_optimizer_pre_hooks),
+        "module_hooks": len(torch.nn.modules.module._global_forward_pre_hooks) + len(torch.nn.modules.module._global_forward_hooks),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL", "TORCH", "CUDA", "OMP", "PYTORCH", "MALLOC", "LD_"))},
+        "switch_interval": __import__("sys").getswitchinterval(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    ap.add_argument("--width", type=int, default=32)
+    args = ap.parse_args()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(args.width, args.width).to(device), device_ids=[local_rank] if args.device == "cuda" else None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, args.width, device=device)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    clock = time.perf_counter_ns
+
+    def block(n: int) -> list[list[int]]:
+        rows = []
+        for _ in range(n):
+            t0 = clock()
+            opt.zero_grad(set_to_none=True)
+            t1 = clock()
+            loss = model(x).square().mean()
+            t2 = clock()
+            loss.backward()
+            t3 = clock()
+            opt.step()
+            t4 = clock()
+            sync()
+            t5 = clock()
+            rows.append([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0])
+        return rows
+
+    block(50)  # warm-up
+    kinds = ("as_is", "no_opt_hooks", "no_gc")
+    got: dict[str, list[list[int]]] = {k: [] for k in kinds}
+    gc_before = [s["collections"] for s in gc.get_stats()]
+    for b in range(args.blocks):
+        for kind in (kinds if b % 2 == 0 else kinds[::-1]):
+            saved = None
+            if kind == "no_opt_hooks":
+                saved = dict(optimizer_mod._global_optimizer_post_hooks)
+                optimizer_mod._global_optimizer_post_hooks.clear()
+            if kind == "no_gc":
+                gc.disable()
+            try:
+                got[kind] += block(args.steps)
+            finally:
+                if saved is not None:
+                    optimizer_mod._global_optimizer_post_hooks.update(saved)
+                gc.enable()
+    gc_during = [s["collections"] - b for s, b in zip(gc.get_stats(), gc_before)]
+    out = {k: {p: round(statistics.median(r[i] for r in rows) / 1e3, 2) for i, p in enumerate(PHASES)}
+           for k, rows in got.items()}
+    out["mean_step_us"] = {k: round(statistics.fmean(r[5] for r in rows) / 1e3, 2) for k, rows in got.items()}
+    out["gc_collections_during"] = gc_during
+    out["facts"] = facts()
+    if dist.get_rank() == 0:
+        print("PHASES " + json.dumps(out), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

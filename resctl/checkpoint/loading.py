@@ -1,0 +1,57 @@
+"""The disk half of a load: walk the candidates newest first, verify each on every rank, and restore
+the newest that every rank can read (the engine's `load` decides between this and the memory tier,
+and records what was resumed). A damaged candidate is rejected (`Disk.reject`: reported and
+quarantined); one that does not fit the state raises `CheckpointMismatch` on every rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, MutableMapping
+
+from resctl.checkpoint import collectives, rankside, sharded
+from resctl.checkpoint import state as st
+from resctl.checkpoint.disk import Disk
+from resctl.checkpoint.errors import CheckpointMismatch
+
+if TYPE_CHECKING:
+    from resctl.checkpoint.reader import Verified
+
+
+def from_disk(disk: Disk, state: MutableMapping[str, Any], candidates: list[tuple[int, Path]], distributed: bool,
+              rank: int, world_size: int) -> tuple[int, Verified] | None:
+    """(step, what was verified) of the candidate restored into `state`; None: no candidate fits."""
+    for step, path in candidates:
+        verified, verdict, problem = disk.verify(path, step, state, rank, world_size)
+        if verified is not None and verified.entries is not None:
+            verdict, problem = own_entries(disk.dir, verified, state, rank, world_size)
+        if distributed:
+            verdict = collectives.min_over_ranks(verdict)
+        if verdict == collectives.MISMATCH:
+            raise problem if isinstance(problem, CheckpointMismatch) else CheckpointMismatch(
+                f"checkpoint step {step} in {disk.dir} does not fit the state on another rank (see that rank's log)")
+        if verdict == collectives.SKIP or verified is None:
+            disk.reject(step, path, problem)
+            continue
+        if verified.manifest.kind == "dcp":
+            sharded.load_into(path, verified.meta, state)
+        else:
+            st.restore(state, verified.entries or {}, list(verified.meta["stateful"]))
+        return step, verified
+    return None
+
+
+def own_entries(root: Path, verified: Verified, state: MutableMapping[str, Any], rank: int,
+                world_size: int) -> tuple[int, Exception | None]:
+    """Put this rank's own per-rank entries of a verified plain checkpoint in place of rank 0's
+    (`rankside.take`); the verdict is SKIP when this rank's are damaged or missing."""
+    names = [n for n in rankside.names(state) if n in (verified.entries or {})]
+    if not names or not rank:
+        return collectives.OK, None
+    try:
+        own = rankside.take(root, rank, verified.step, world_size=world_size, manifest=verified.manifest)
+    except (rankside.RankEntriesDamaged, rankside.RankEntriesMissing) as err:
+        return collectives.SKIP, err
+    if own is not None:
+        verified.entries.update({n: own[n] for n in names if n in own})  # type: ignore[union-attr]
+    return collectives.OK, None

@@ -1,0 +1,599 @@
+"""resctl's elastic agent: NVRx's `LocalElasticAgent` with resctl's behaviour in its own methods.
+
+ft_launcher builds its agent by name (`launcher.LocalElasticAgent(...)` in `launch_agent`); `install`
+puts `ResctlAgent` under that name, once, in the launcher process. Everything the launcher does
+differently under resctl is a method of that one class, and the job's state (the stop signal, the
+workers' store, the process context it started) is in the agent object:
+
+- **Seams** (torch elastic's, which NVRx's agent fills): `_start_workers` (the health gate, a job stop
+  handed to new workers, the late preload, the stop signals), `_stop_workers` (the restart-stop marker),
+  `_monitor_workers` (another node's stop), `_restart_workers` (none once the job is stopping),
+  `_shutdown` (quick leftover cleanup on 0.6+), `run` (a failed group is a failure on 0.4).
+- **Quick restart stops.** When a forked worker dies, torch's `ProcessContext.join` SIGTERMs the others
+  and waits a hard-coded 30 s before SIGKILL; NVRx's stop of exec'd workers waits
+  `--workers-stop-timeout`. A survivor blocked in an NCCL or gloo collective never runs a Python SIGTERM
+  handler, so every restart paid the full wait. The agent names the stopped PIDs in the restart-stop
+  marker (`resctl.launch.stop`), so the shim leaves at once instead of saving, and waits at most
+  `--workers-stop-timeout` (the join of the process context it started: `_ProcessContextSeams`).
+- **Done when exited.** A forked worker that exits 0 without a return value (`sys.exit()`,
+  `os._exit(0)`) is done; torch waited for its value forever.
+- **torchrun's store.** The workers' MASTER_ADDR/MASTER_PORT are the launcher's rendezvous store and
+  TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun: no worker hosts the group's store, so none
+  takes it away from the others when it ends first. Each round's workers get a key space of their own
+  there (`STORE_PREFIX_ENV`, `resctl.shim.agent_store`).
+- **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
+  default). Its sleep (`LauncherClock`) also ends when a worker process exits (pidfd) or posts its
+  result, so neither a dead rank nor the end of the job waits for the next poll.
+- **A job stop is never lost.** NVRx 0.4.1 swallows the SIGTERM that stops the job when it lands during
+  a restart: the job trained on to the end and exited 0. The agent's signal handler remembers the
+  signal (`JobStop`); a stop during a restart is handed to the new workers (`stop.JOB_STOP_ENV`: each
+  begins the job stop, a final save at its first step boundary), the launcher stops them after
+  `--term-timeout` if they have not left, and no further restart is made. A stop swallowed anywhere
+  else is raised again at the next poll.
+- **The next round at once.** On NVRx 0.6+'s barrier rendezvous a restarting node moves to the round
+  that is open before it joins (`_to_the_open_round`), instead of NVRx's poll of a second.
+- **Quick exit.** NVRx 0.6+'s store host sleeps 3 s before it exits, so that the other nodes can read
+  the store's last state; the agent waits only until every other node of the last round said it is
+  done (none on a single node) and no live spare still reads the store, at most those 3 s.
+
+The private names of NVRx and torch this module relies on are listed, with the versions they were
+checked on, in `resctl.launch.nvrx_private` (a test fails when an installed version lacks one).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import multiprocessing.connection
+import os
+import select
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from nvidia_resiliency_ext.fault_tolerance import launcher as nvrx
+
+from resctl.launch import owned_rdzv, rdzv_install, spares, stop
+from resctl.launch.adapters import AGENT_STORE_ENV, STORE_PREFIX_ENV
+from resctl.launch.preload import LatePreload
+from resctl.launch.rdzv_rounds import RendezvousView
+from resctl.launch.signal_trace import SignalTrace
+from resctl.patching import Patches
+
+_ROUND_KEY = "resctl/workers_prefix"
+#: Each agent of the last round adds 1 here once it is done with the store (the store host waits for them).
+_DONE_KEY = "resctl/agents_done"
+
+#: Seconds the peers of a worker that *exited* with a failing code keep running before the launcher
+#: looks (and stops them): torchrun's monitor interval, so a peer's last lines (its own traceback,
+#: an exit message) reach the console at least as often as under torchrun. A worker killed by a
+#: signal (kill -9, OOM, segfault) gets no grace: that is the fast-recovery path.
+PEER_GRACE = 0.1
+_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+#: NVRx 0.6+ sets this to 1 in the launcher's environment, for torch's rank assignment (its fast path, which
+#: reads no store keys); the workers inherited it, where torchrun's see no such name.
+IDENTICAL_ENV = "TORCH_ELASTIC_WORKER_IDENTICAL"
+#: launcher.log's line just before a cycle's workers are forked, with this launcher's count of such starts.
+STARTING_WORKERS = "resctl: starting workers, start"
+log = logging.getLogger(__name__)
+STOP_SIGNUMS = frozenset(int(getattr(signal, name)) for name in _STOP_SIGNALS if hasattr(signal, name))
+
+
+@dataclass
+class JobStop:
+    """A SIGTERM/SIGINT/SIGHUP/SIGQUIT the launcher received, remembered until the launcher acts on it."""
+
+    signum: int | None = None
+    peer: bool = False  # the stop is another node's, taken on here (resctl.launch.spares): no signal of its own
+    inside_run: bool = False  # in the agent's `_invoke_run`: where a swallowed stop can be raised again
+    restarting: bool = False  # in `_restart_workers`: a stop now waits for the new workers (no one to save)
+    deadline: float | None = None  # set when workers were started with the stop in their env
+    trace: SignalTrace = field(default_factory=SignalTrace)  # every stop signal caught, swallowed or not
+
+    def exception(self) -> BaseException:
+        sig = signal.Signals(self.signum or signal.SIGTERM)
+        return nvrx.SignalException(f"Process {os.getpid()} got signal: {int(sig)}", sigval=sig)
+
+    def check(self) -> None:
+        """At the monitor loop's sleep: raise the stop again when it was swallowed (also one that
+        torch's handler raised where it was dropped: `SignalTrace`), or when the workers it was
+        handed to have not left within `--term-timeout` (they are stopped then)."""
+        caught = self.trace.take(STOP_SIGNUMS)
+        if self.signum is None:
+            self.signum = caught
+        if self.signum is None or not self.inside_run:
+            return
+        if self.deadline is None or time.monotonic() >= self.deadline:
+            raise self.exception()
+
+    def exit_code(self, code: int) -> int:
+        """The launcher's exit code: 128+N when signal N stopped the job and it did not end well (NVRx
+        exits 1), so a launcher signalled directly (not through `resctl run`) still exits 143."""
+        if self.signum is None:  # a stop that torch's handler raised and no one recorded (SignalTrace)
+            self.signum = self.trace.take(STOP_SIGNUMS)
+        stopped = self.signum is not None and (code != 0 or self.peer)
+        return 128 + (self.signum or 0) if stopped else code
+
+
+def _exited_failing(pid: int) -> bool:
+    """`pid` (a child) has exited with a code other than 0 (not killed by a signal); not reaped."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError):  # not our child, or reaped meanwhile
+        return False
+    return info is not None and info.si_code == os.CLD_EXITED and info.si_status != 0
+
+
+def sleep_until_exit(pids: list[int], result_fds: list[int], seconds: float, clock: Any = time, *,
+                     after_look: bool = False) -> None:
+    """Sleep `seconds`, or until one of `pids` (children) exits or a result fd becomes readable;
+    `PEER_GRACE` more when the child exited with a failing code. `after_look`: the sleep right after the
+    monitor looked at the workers, where a child that has exited meanwhile (not reaped: the monitor has
+    not seen it) ends the sleep at once. Slept through, it held a job's end back by the whole monitor
+    interval (5 s by default) whenever the last worker exited between the look and the sleep. Other
+    sleeps (NVRx's waits while it stops workers) do not end on a child that had exited before them."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except OSError:  # gone and reaped, or no pidfd on this kernel
+            continue
+    try:
+        start = clock.monotonic()
+        exited = select.select(list(fds), [], [], 0)[0] if fds else []
+        alive = [fd for fd in fds if fd not in exited]
+        if after_look and exited:
+            woke = exited
+        elif not alive:
+            clock.sleep(seconds)
+            return
+        else:
+            woke = select.select(alive + result_fds, [], [], seconds)[0]
+        if any(fd in fds and _exited_failing(fds[fd]) for fd in woke):
+            clock.sleep(max(0.0, min(PEER_GRACE, seconds - (clock.monotonic() - start))))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+class LauncherClock:
+    """Stands in for the `time` module inside NVRx's launcher module, whose monitor loop and exit
+    paths sleep through it: `sleep()` is the agent's (`ResctlAgent.sleep`). Everything else is the
+    real module."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.agent: ResctlAgent | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def sleep(self, seconds: float) -> None:
+        if self.agent is None:
+            self._real.sleep(seconds)
+        else:
+            self.agent.sleep(seconds)
+
+
+def _tcp_store(store: Any) -> Any:
+    """The TCPStore under `store` (the rendezvous hands the agent a PrefixStore over it), or None."""
+    import torch.distributed as dist
+
+    for _ in range(8):  # PrefixStores nest a few deep at most
+        if isinstance(store, dist.TCPStore):
+            return store
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+    return None
+
+
+@dataclass
+class SharedStore:
+    """This round's workers' store: the rendezvous store's endpoint (port None: NVRx's own) and their key space."""
+
+    host: str = ""
+    port: str | None = None
+    prefix: str = ""
+
+
+class _ProcessContextSeams:
+    """What the agent changes in the process context it started for forked workers (torch's
+    `MultiprocessContext`, NVRx 0.4's copy of it), on that object only."""
+
+    def __init__(self, agent: ResctlAgent, pcontext: Any) -> None:
+        self.agent, self.pcontext = agent, pcontext
+        pc = getattr(pcontext, "_pc", None)  # torch.multiprocessing's ProcessContext of the workers
+        if pc is not None and agent.stop_file is not None:
+            self._join = pc.join
+            pc.join = self.quick_join
+        if pc is not None and hasattr(pcontext, "_ret_vals"):
+            self._poll = pcontext._poll
+            pcontext._poll = self.poll_exits
+
+    def quick_join(self, timeout: float | None = None, grace_period: float | None = None) -> Any:
+        """A failed worker's peers are marked as stopped for a restart and SIGTERMed at once; the
+        stop waits `--workers-stop-timeout` at most (torch: 30 s, hard-coded)."""
+        pc, limit = self.pcontext._pc, self.agent.stop_timeout()
+        if limit is not None and pc.sentinels:
+            ready = multiprocessing.connection.wait(list(pc.sentinels), timeout=0)
+            failed = [s for s in ready if pc.processes[pc.sentinels[s]].exitcode not in (0, None)]
+            if failed:
+                # The failed worker first: torch reports the first failed sentinel it finds, and the
+                # survivors signalled below end at once too (a rank that failed must not be blamed on them).
+                pc.sentinels = {s: pc.sentinels[s] for s in sorted(pc.sentinels, key=lambda s: s not in failed)}
+                survivors = [p for p in pc.processes if p.is_alive()]
+                self.agent.mark_restart(p.pid for p in survivors)
+                for proc in survivors:
+                    try:
+                        os.kill(proc.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            if grace_period is None:  # torch waits this, SIGTERMs, waits it again, then SIGKILLs
+                grace_period = limit / 2
+        try:
+            return self._join(timeout, grace_period)
+        except Exception as err:
+            if hasattr(err, "error_pid") and not hasattr(err, "pid"):
+                err.pid = err.error_pid  # type: ignore[attr-defined]  # NVRx 0.4's copy of torch elastic reads `.pid` (torch >= 2.6: error_pid)
+            raise
+
+    def poll_exits(self) -> Any:
+        settle_exited(self.pcontext)
+        return self._poll()
+
+
+def settle_exited(pcontext: Any) -> None:
+    """A forked worker is done when it exits with 0, with or without a return value.
+
+    torch's `MultiprocessContext` counts a worker as done only when it has posted its function's
+    return value; a worker that ends by `sys.exit()`, `os._exit(0)` or a KeyboardInterrupt swallowed
+    by torch's spawn wrapper exits 0 without one, and the launcher waited for it forever. Once every
+    worker has either posted or exited 0, the others are released and awaited here, so the
+    context's own join finds them all gone (NVRx 0.4's copy joins only one more)."""
+    pc = pcontext._pc
+    if pc is None:
+        return
+    for local_rank, proc in enumerate(pc.processes):
+        # Exit code first: a worker that exited can post nothing more.
+        if local_rank not in pcontext._return_values and proc.exitcode == 0:
+            queue = pcontext._ret_vals[local_rank]
+            pcontext._return_values[local_rank] = None if queue.empty() else queue.get()
+    if pcontext._is_done():
+        pcontext._worker_finished_event.set()
+        for proc in pc.processes:
+            proc.join()
+
+
+def _leftovers_wait_for_members() -> bool:
+    """NVRx 0.6+ cleans up after stopped workers with `killpg(SIGTERM)`, a fixed 1 s sleep, then
+    `killpg(SIGKILL)` (`terminate_mp_processes(allowed_pgids)`); 0.4 only reaps orphans, without a wait."""
+    original = getattr(nvrx, "terminate_mp_processes", None)
+    return original is not None and list(inspect.signature(original).parameters) == ["allowed_pgids"]
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def terminate_leftovers(groups: set[int] | list[int], wait: float = 1.0) -> None:
+    """SIGTERM the stopped workers' process groups, wait while a group still has members (at most
+    `wait`), then SIGKILL what is left. Never the launcher's own group."""
+    left = [g for g in groups if g not in (0, 1, os.getpgrp())]
+    for sig, limit in ((signal.SIGTERM, wait), (signal.SIGKILL, 0.0)):
+        for pgid in left:
+            try:
+                os.killpg(pgid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + limit
+        while left and time.monotonic() < deadline:
+            left = [g for g in left if _group_alive(g)]
+            time.sleep(0.01)
+
+
+class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
+    """NVRx's agent for one node, with resctl's seams (see the module docstring)."""
+
+    #: The user's own TORCH_ELASTIC_WORKER_IDENTICAL, as `install` found it (None: not set).
+    user_identical: str | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # NVRx's value goes to the rank assignment only (`_assign_worker_ranks`); the user's stays where it was.
+        self._identical = os.environ.pop(IDENTICAL_ENV, None) if self.user_identical is None else None
+        self.job_stop = JobStop(trace=SignalTrace.start())
+        self.shared = SharedStore()
+        self.stop_file: Path | None = Path(os.environ[stop.ENV]) if stop.ENV in os.environ else None
+        self.finished = False
+        self._looked = False
+        self.starts = 0  # the cycles whose workers this launcher started
+        self._seams: _ProcessContextSeams | None = None
+        clock = getattr(nvrx, "time", None)
+        if isinstance(clock, LauncherClock):
+            clock.agent = self
+
+    # -- what the agent knows about its workers --------------------------------------------------
+
+    def stop_timeout(self) -> float | None:
+        return float(getattr(self, "_workers_stop_timeout", 0) or 0) or None
+
+    def live_pids(self) -> list[int]:
+        pcontext = getattr(self, "_pcontext", None)
+        if pcontext is None:
+            return []
+        try:
+            return [int(p) for p in pcontext.pids().values()]
+        except Exception:  # noqa: BLE001 - a context being torn down
+            return []
+
+    def result_fds(self) -> list[int]:
+        """Read ends of the return-value queues of forked workers that have not reported yet.
+        A forked worker that finished puts its result there and then waits for the launcher to
+        read it before it exits (torch's `MultiprocessContext`), so its end is seen here first."""
+        pcontext = getattr(self, "_pcontext", None)
+        queues = getattr(pcontext, "_ret_vals", None) or {}
+        done = getattr(pcontext, "_return_values", None) or {}
+        fds = []
+        for local_rank, queue in queues.items():
+            if local_rank in done:
+                continue
+            try:
+                fds.append(queue._reader.fileno())
+            except (AttributeError, OSError, ValueError):  # closed, or another queue type
+                continue
+        return fds
+
+    def mark_restart(self, pids: Any) -> None:
+        if self.stop_file is not None:
+            stop.mark_restart(self.stop_file, pids)
+
+    # -- the seams ---------------------------------------------------------------------------------
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = super().run(*args, **kwargs)
+        finally:
+            self.finished = True
+        state: Any = getattr(result, "state", None)
+        if result is not None and getattr(state, "name", "") == "UNHEALTHY" and result.failures:
+            # NVRx 0.4/0.5: a group that used up its restarts ends UNHEALTHY with failures, which the
+            # launcher took for success (exit 0).
+            result.state = type(state).FAILED
+        return result
+
+    def _invoke_run(self, *args: Any, **kwargs: Any) -> Any:
+        self.job_stop.inside_run = True
+        try:
+            return super()._invoke_run(*args, **kwargs)
+        finally:
+            self.job_stop.inside_run = False
+
+    def _rendezvous(self, worker_group: Any) -> None:
+        if rdzv_install.compat_agent_api() is not None:  # NVRx 0.4/0.5: this node's line in resctl's round
+            owned_rdzv.before_round(worker_group.spec.rdzv_handler, worker_group)
+        super()._rendezvous(worker_group)
+        self.shared = self._share_store(worker_group.store)
+
+    def _share_and_gather(self, store: Any, group_rank: int, group_world_size: int, spec: Any) -> Any:
+        """NVRx 0.4/0.5: every node's local world size from resctl's round outcome, not N store keys."""
+        api = rdzv_install.compat_agent_api()
+        infos = None if api is None else owned_rdzv.gathered(spec.rdzv_handler, spec, group_world_size,
+                                                             api._RoleInstanceInfo)
+        return infos if infos is not None else super()._share_and_gather(store, group_rank, group_world_size, spec)
+
+    def _start_workers(self, worker_group: Any) -> Any:
+        self.before_start(worker_group)
+        started = super()._start_workers(worker_group)
+        self.after_start()
+        return started
+
+    def before_start(self, worker_group: Any) -> None:
+        """Before a cycle's workers start: the health gate may stop the launcher; a job stop that
+        came during the restart goes to the new workers; last cycle's stop marks go."""
+        from resctl.health.gate import before_cycle
+
+        before_cycle(self)  # resctl.health.gate: may stop the launcher before this cycle's workers start
+        if self.job_stop.signum is not None and self.job_stop.inside_run:
+            # The new workers begin the job stop (and its final save) themselves, once their shim
+            # can act on it: a SIGTERM now would reach none.
+            os.environ[stop.JOB_STOP_ENV] = str(self.job_stop.signum)
+            self.job_stop.deadline = time.monotonic() + float(getattr(self, "_term_timeout", 0) or 30)
+        if self.stop_file is not None:
+            stop.clear(self.stop_file)
+            stop.clear_left(self.stop_file)
+        LatePreload.before_fork()
+        self.starts += 1
+        log.info("%s %d", STARTING_WORKERS, self.starts)  # the last line before the fork (tests find phases by it)
+
+    def after_start(self) -> None:
+        """The workers run: the agent's hold on their process context, and on the stop signals."""
+        self._seams = _ProcessContextSeams(self, self._pcontext)
+        self._own_stop_signals()
+        LatePreload.workers_started()
+        self._looked = True  # a worker that ends before the first sleep ends it (`sleep_until_exit`)
+
+    def _assign_worker_ranks(self, *args: Any, **kwargs: Any) -> Any:
+        if self._identical is None:
+            return super()._assign_worker_ranks(*args, **kwargs)
+        os.environ[IDENTICAL_ENV] = self._identical
+        try:
+            return super()._assign_worker_ranks(*args, **kwargs)
+        finally:
+            del os.environ[IDENTICAL_ENV]
+
+    def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
+        # The last look at the workers' environment before they start (NVRx 0.4 and 0.7 alike).
+        if self.shared.port is not None:
+            for env in envs.values():
+                env.update({"MASTER_ADDR": self.shared.host, "MASTER_PORT": self.shared.port,
+                            AGENT_STORE_ENV: "True", STORE_PREFIX_ENV: self.shared.prefix})
+        super()._setup_local_watchdog(envs)
+
+    def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+        self.mark_restart(self.live_pids())
+        return super()._stop_workers(worker_group, *args, **kwargs)
+
+    def _monitor_workers(self, worker_group: Any) -> Any:
+        result = super()._monitor_workers(worker_group)
+        self._looked = True  # the next sleep ends on a worker that exits after this look (`sleep_until_exit`)
+        if (self.job_stop.signum is None and getattr(result.state, "name", "") in ("FAILED", "UNHEALTHY")
+                and self._left_on_a_peers_stop() and spares.decide_after_peer_stop(self)):
+            self.job_stop.signum, self.job_stop.deadline, self.job_stop.peer = signal.SIGTERM, time.monotonic(), True
+            raise self.job_stop.exception()  # before NVRx's restart: this launcher stops as for its own SIGTERM
+        return result
+
+    def _restart_workers(self, worker_group: Any) -> Any:
+        if self.job_stop.signum is not None and self.job_stop.deadline is not None:
+            raise self.job_stop.exception()  # the workers left on the job stop: end the job, no restart
+        self.job_stop.restarting = True
+        try:
+            self._to_the_open_round()
+            return super()._restart_workers(worker_group)
+        finally:
+            self.job_stop.restarting = False
+
+    def _to_the_open_round(self) -> None:
+        """NVRx 0.6+'s barrier rendezvous: a node that restarts knows its round as the one that just
+        ended (closed) until a rate-limited scan of the store moves it on, and polls every second
+        meanwhile (`_wait_for_rendezvous_open`): a second on every restart. The next round is open by
+        now (this node or a peer opened it before the restart), so the scan is made here, once."""
+        state = getattr(getattr(self, "_rdzv_handler", None), "_barrier_state", None)
+        sync = getattr(state, "_sync_from_per_round_state", None)
+        if sync is not None:
+            try:
+                sync()
+            except Exception:  # noqa: BLE001 - NVRx's own wait scans again
+                pass
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        if not _leftovers_wait_for_members():
+            super()._shutdown(death_sig, timeout)
+            return
+        # NVRx 0.6+'s own `_shutdown`, less the fixed 1 s its leftover cleanup sleeps on every stop.
+        watchdog = getattr(self, "_worker_watchdog", None)
+        if watchdog is not None:
+            watchdog.stop()
+            self._worker_watchdog = None
+        if self._pcontext:
+            self._pcontext.close(death_sig, timeout=timeout)
+            terminate_leftovers(self._children_pgids)
+
+    def shutdown_rank_monitors(self) -> None:
+        super().shutdown_rank_monitors()
+        self._say_done()
+
+    # -- the launcher's clock ---------------------------------------------------------------------
+
+    def sleep(self, seconds: float) -> None:
+        """Every sleep of NVRx's launcher module: while workers run, until one exits; after the run,
+        on the store host, until the other nodes are done with the store."""
+        if self.finished:
+            self._wait_for_peers(seconds)
+            return
+        self.job_stop.check()
+        LatePreload.maybe_start()
+        trace = [self.job_stop.trace.fd] if self.job_stop.trace.fd >= 0 else []
+        after_look, self._looked = self._looked, False
+        sleep_until_exit(self.live_pids(), self.result_fds() + trace, seconds, after_look=after_look)
+
+    # -- inside --------------------------------------------------------------------------------------
+
+    def _share_store(self, store: Any) -> SharedStore:
+        tcp = _tcp_store(store)
+        if tcp is None:
+            return SharedStore()
+        # One key space per rendezvous round, the same on every node: the first agent of the round
+        # to get here names it (`store` is this round's). A restart count would not do: a replaced
+        # node's launcher counts from 0 again while the others are at 1.
+        token = store.compare_set(_ROUND_KEY, "", uuid.uuid4().hex)
+        prefix = f"/worker/{token.decode() if isinstance(token, bytes) else token}"
+        return SharedStore(str(tcp.host), str(tcp.port), prefix)
+
+    def _own_stop_signals(self) -> None:
+        """The stop signals torch elastic's handler took when the workers started are the agent's:
+        remembered, then handled as torch would (a `SignalException`) unless a restart is under way."""
+        handler = _elastic_api()._terminate_process_handler
+        for name in _STOP_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None and signal.getsignal(sig) is handler:
+                signal.signal(sig, self._on_stop_signal)
+
+    def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        if self.job_stop.signum is not None:
+            # The stop is under way (raised, or handed to new workers): a second signal raised inside the
+            # shutdown's own work (a log record being written: "--- Logging error ---" and a traceback on the
+            # console, seen in CI) and cut it short. `resctl run` SIGKILLs after --term-timeout anyway.
+            return
+        self.job_stop.signum = signum
+        if not self.job_stop.restarting:
+            _elastic_api()._terminate_process_handler(signum, frame)  # raises SignalException
+
+    def _left_on_a_peers_stop(self) -> bool:
+        """This launcher's workers all left on another node's job stop (none on a SIGTERM of its own)."""
+        return self.stop_file is not None and stop.left(self.stop_file) == {stop.PEER}
+
+    def _say_done(self) -> None:
+        """Another node than the store host: it will read the store no more."""
+        store = getattr(self._worker_group, "store", None)
+        if store is None or getattr(self, "_is_store_host", False):
+            return
+        try:
+            store.add(_DONE_KEY, 1)
+        except Exception:  # noqa: BLE001 - the store host gone already: nothing to wait for
+            pass
+
+    def _spares_reading(self) -> bool:
+        """Spares may still read the store. resctl's rendezvous says whether a live one waits (whatever
+        launch.nnodes' maximum: a spare waits for a full round too; one lost the store in CI when the host
+        went on that), and a spare that saw the close marks itself gone; another rendezvous: launch.nnodes'
+        maximum is above the last round's size."""
+        handler = spares.handler_of(self)
+        if isinstance(handler, RendezvousView):
+            try:
+                return bool(handler.state().spares)
+            except Exception:  # noqa: BLE001 - the store is this process's: unreadable, no one reads it
+                return False
+        max_nodes = getattr(getattr(handler, "_settings", None), "max_nodes", None)
+        return not isinstance(max_nodes, int) or max_nodes > (self._worker_group.group_world_size or 1)
+
+    def _peers_done(self) -> bool:
+        """The other nodes of the last round said they are done with the store (`_say_done`)."""
+        store, peers = getattr(self._worker_group, "store", None), (self._worker_group.group_world_size or 1) - 1
+        if peers <= 0 or store is None:
+            return True
+        try:
+            return int(store.add(_DONE_KEY, 0)) >= peers
+        except Exception:  # noqa: BLE001 - the store is ours; a failure means there is no one to wait for
+            return True
+
+    def _wait_for_peers(self, seconds: float) -> None:
+        """Until the other nodes of the last round are done and no spare still reads the store, `seconds` at most."""
+        deadline = time.monotonic() + seconds
+        while not (self._peers_done() and not self._spares_reading()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _elastic_api() -> Any:
+    try:  # NVRx 0.4/0.5 start workers through their own copy of torch elastic; 0.6+ through torch's
+        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing import api
+    except ImportError:
+        from torch.distributed.elastic.multiprocessing import api
+    return api
+
+
+def install(patches: Patches) -> Callable[[], ResctlAgent | None]:
+    """Make `ResctlAgent` the agent ft_launcher builds, and its clock the one NVRx's launcher sleeps
+    on; returns how to find the agent once the launcher has built it."""
+    clock = LauncherClock(nvrx.time)
+    ResctlAgent.user_identical = os.environ.get(IDENTICAL_ENV)  # before NVRx's launcher sets it
+    patches.set(nvrx, "LocalElasticAgent", ResctlAgent)
+    patches.set(nvrx, "time", clock)
+    return lambda: clock.agent
