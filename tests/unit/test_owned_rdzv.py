@@ -316,7 +316,8 @@ def test_a_spare_says_so_once_and_the_state_counts_it_for_a_peers_stop(cluster: 
     spare.on_spare = spares.SpareConsole(io.StringIO())
     thread = threading.Thread(target=spare.next_rendezvous, daemon=True)
     thread.start()
-    _wait(lambda: len(a.state().spares) == 1)
+    _wait(lambda: spare.on_spare._console.getvalue() != "", 20)  # at the spares' wait (state() counts it earlier)
+    assert len(a.state().spares) == 1
     for _ in range(3):  # the spare's keep-alive ticks; still one line
         time.sleep(KEEP_ALIVE)
     said = spare.on_spare._console.getvalue()
