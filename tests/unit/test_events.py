@@ -154,17 +154,23 @@ def test_batched_step_events_are_valid_in_order_and_complete_at_close(tmp_path: 
 
 
 def test_a_step_batch_is_written_after_flush_every_or_batch_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
+    from types import SimpleNamespace
 
+    # The log's clock, held still: a loaded box that stalls the loop for 0.2 s must not flush early here.
+    now = [1_000_000.0]
+    monkeypatch.setattr(ev, "time", SimpleNamespace(time=lambda: now[0]))
     monkeypatch.setattr(ev, "STEP_BATCH", 4)
     monkeypatch.setattr(ev, "STEP_FLUSH_EVERY", 0.2)
     log = ev.EventLog(tmp_path, rank=0)
     for n in range(1, 10):
         log.step(n, 0.001)
     assert [e["step"] for e in _read(ev.events_path(tmp_path, 0))] == [1, 2, 3, 4, 5, 6, 7, 8]
-    time.sleep(0.25)
-    log.step(10, 0.001)  # the batch of step 9 is overdue now
-    assert [e["step"] for e in _read(ev.events_path(tmp_path, 0))][-2:] == [9, 10]
+    now[0] += 0.19
+    log.step(10, 0.001)  # not yet due: 0.19 s after step 9
+    assert [e["step"] for e in _read(ev.events_path(tmp_path, 0))][-1] == 8
+    now[0] += 0.02
+    log.step(11, 0.001)  # the batch of steps 9 and 10 is overdue now
+    assert [e["step"] for e in _read(ev.events_path(tmp_path, 0))][-3:] == [9, 10, 11]
     log.close()
 
 
