@@ -91,13 +91,23 @@ def test_kill_9_mid_commit_with_memory_every_3_rolls_back_at_most_2_memory_every
     the newest step any rank finished, from a state that is that step's (rollback_pair.py checks
     the restore), and never from nothing once the first commit must have landed."""
     every = 3
-    kills, summary = run_pair(tmp_path, every, 8, 2027)
-    assert all(k["reached"] - k["resumed"] <= every + min(k["span"], every - 1) <= 2 * every - 1 for k in kills), kills
-    # From memory (no disk checkpoints in this job), never from nothing once a commit must have landed: the
-    # back-pressure hold at step 2 * every waits for the first snapshot's commit. A kill before that (the first
-    # commit still in flight: seen in CI beside CPU burners, killed at step 5) has nothing to resume from.
-    assert all(k["resumed"] > 0 for k in kills if k["reached"] >= 2 * every), kills
-    assert summary["in_commit"] >= 2, f"fewer than 2 kills landed while a commit was in flight: {kills}"
+    in_commit, seen = 0, []
+    # The kills fall at random moments: on a loaded box fewer may land inside a commit (1 of 8 beside two CPU
+    # burners, 2026-12-04). Another job of 8 kills, up to three in all, until two have: the bound is asserted
+    # on every kill of every job.
+    for seed in (2027, 2028, 2029):
+        (tmp_path / str(seed)).mkdir()
+        kills, summary = run_pair(tmp_path / str(seed), every, 8, seed)
+        assert all(k["reached"] - k["resumed"] <= every + min(k["span"], every - 1) <= 2 * every - 1 for k in kills), kills
+        # From memory (no disk checkpoints in this job), never from nothing once a commit must have landed: the
+        # back-pressure hold at step 2 * every waits for the first snapshot's commit. A kill before that (the
+        # first commit still in flight: seen in CI beside CPU burners, killed at step 5) has nothing to resume from.
+        assert all(k["resumed"] > 0 for k in kills if k["reached"] >= 2 * every), kills
+        in_commit += summary["in_commit"]
+        seen += kills
+        if in_commit >= 2:
+            break
+    assert in_commit >= 2, f"fewer than 2 kills landed while a commit was in flight: {seen}"
 
 
 @pytest.mark.slow
