@@ -65,11 +65,25 @@ def job(tmp: Path, name: str, nproc: int, *, inprocess: bool = False, sets: tupl
     return [*args, TRAIN, "--steps", str(steps), "--step-time", str(step_time), "--out", str(tmp / f"{name}.pt")]
 
 
-def run(args: list[str], cwd: Path, faults: str = "", timeout: float = 150) -> str:
+def run(args: list[str], cwd: Path, faults: str = "", timeout: float = 360) -> str:
+    """Run a job to its end. The patience is ~12x the drill's 29 s on an idle 2-core box: CI once gave the
+    4-rank drill (five cycles of four workers importing torch, beside two other tests' jobs) more than 150 s."""
     env = {"RESCTL_FAULTS": faults} if faults else {}
-    code, out = finish(start(args, cwd=cwd, env=env), timeout=timeout)
+    try:
+        code, out = finish(start(args, cwd=cwd, env=env), timeout=timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{_where(cwd / args[args.index('--run-dir') + 1])}") from None
     assert code == 0, out[-4000:]
     return out
+
+
+def _where(run_dir: Path) -> str:
+    """Where a job stood when it was given up on: its last events and the launcher log's last lines."""
+    ev = [f"{e['t']:.1f} {e['kind']} rank {e.get('rank')} cycle {e.get('cycle')} step {e.get('step')}"
+          for e in events(run_dir)[-25:]]
+    log = run_dir / "launcher.log"
+    tail = log.read_text(errors="replace").splitlines()[-25:] if log.exists() else ["(no launcher.log)"]
+    return "--- last events\n" + "\n".join(ev) + "\n--- launcher.log, end\n" + "\n".join(tail)
 
 
 def assert_bitwise_equal(a: Any, b: Any, path: str = "state") -> None:

@@ -2,8 +2,8 @@
 on this host as n1 and n2; see slurm_cluster.py). The CPU variant (`sbatch --gpus-per-node=0`) trains
 examples/train_ckpt.py with one gloo worker per node.
 
-Signals are sent the way Slurm sends them: the pre-timeout warning of `--signal=B:USR1@300` is
-`scancel --signal=USR1 --batch` (the batch shell only), preemption with a GraceTime is SIGTERM to the
+Signals are sent the way Slurm sends them: the pre-timeout warning is Slurm's own (`--signal=B:USR1@90`, to
+the batch shell only), preemption with a GraceTime is SIGTERM to the
 job's steps (`scancel --signal=TERM`, not the batch shell), a user's cancel is a plain `scancel`.
 
 The two nodes' signals often land on either side of a step boundary; the ranks still save at one step,
@@ -135,9 +135,11 @@ def assert_one_final_save(work: Path, after: float) -> int:
 
 def test_pretimeout_signal_saves_requeues_and_resumes_then_preemption_saves(slurm: SlurmCluster, tmp_path: Path) -> None:
     work = tmp_path / "job"
-    # A 1-minute limit whose warning comes 40 s before it: Slurm itself sends USR1 to the batch shell
-    # (its timer runs every ~30 s, so 20-50 s after the start). No doctor step, so the warning lands in training.
-    job = submit(slurm, work, "--time=1", "--signal=B:USR1@40", doctor=False)
+    # Slurm itself sends USR1 to the batch shell, at its first 30 s timer check where the time left is under the
+    # warning time plus 30 s: with a 3-minute limit and a 90 s warning, 60-90 s after the start (observed: a
+    # 1-minute limit's 40 s warning came 0-30 s after the start, before both nodes trained on a slow CI box).
+    # No doctor step, so the warning lands in training.
+    job = submit(slurm, work, "--time=3", "--signal=B:USR1@90", doctor=False)
     wait_for("two nodes training", lambda: {e["rank"] for e in read_events(work / "run") if e["kind"] == "step"} == {0, 1},
              120, slurm, work, job)
     state = slurm.job(job)
