@@ -21,6 +21,7 @@ COMPAT_MP = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multipr
 TORCH_MP = "torch.distributed.elastic.multiprocessing.api"
 COMPAT_RDZV = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.api"
 COMPAT_API = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server.api"
+FT_RDZV = "nvidia_resiliency_ext.fault_tolerance._ft_rendezvous"
 BOTH = ("0.4.1", "0.7.0")
 
 
@@ -97,6 +98,14 @@ NAMES: tuple[Private, ...] = (
             "0.4: nodes' local world sizes from resctl's round outcome", ("0.4",), ("0.4.1",)),
     Private(COMPAT_API, "_RoleInstanceInfo", "attribute", "0.4: what `_share_and_gather` returns", ("0.4",),
             ("0.4.1",)),
+    # NVRx 0.4's own c10d rendezvous state, read by `resctl.launch.spares` after a peer's stop (launch.rendezvous
+    # = "nvrx", the opt-out): who waits as a spare, and who joined since the last round
+    *(Private(f"{FT_RDZV}:FtRendezvousHandler", name, "instance", why, ("0.4",), ("0.4.1",)) for name, why in (
+        ("_state_holder", "the rendezvous state, synced from the store"), ("_settings", "min and max nodes"),
+        ("_heartbeat_lock", "held while the state is synced (the keep-alive thread syncs it too)"),
+        ("_op_executor", "holds the last round's participants"))),
+    Private(f"{FT_RDZV}:_DistributedRendezvousOpExecutor", "_prev_participants", "instance",
+            "the last round's participants: a spare already in the next round counts", ("0.4",), ("0.4.1",)),
     # the process context of forked workers
     _mp("_pc", "instance", "torch.multiprocessing's ProcessContext: a quick join, the workers' exit codes"),
     _mp("_poll", "method", "a worker that exited 0 without a result is done"),

@@ -107,7 +107,8 @@ def _nvrx_room(handler: Any, nodes: int) -> Room | None:
         state.complete, sorted(map(str, state.participants)), sorted(map(str, state.wait_list)),
         sorted(map(str, state.redundancy_list)))
     # A spare that saw the room first may be on the wait list already, or a participant of the round to come.
-    newcomers = set(state.participants) - set(getattr(handler, "_prev_participants", None) or state.participants)
+    executor = getattr(handler, "_op_executor", None)  # the last round's participants are its, not the handler's
+    newcomers = set(state.participants) - set(getattr(executor, "_prev_participants", None) or state.participants)
     return Room(nodes, int(settings.min_nodes), int(settings.max_nodes),
                 len(set(state.redundancy_list) | set(state.wait_list) | newcomers))
 

@@ -166,7 +166,7 @@ def health_limits(plan: Mapping[str, Any] | None) -> HealthLimits:
         return HealthLimits(int(section.get("no_progress_cycles", defaults.no_progress_cycles)),
                             int(section.get("node_fault_limit", defaults.node_fault_limit)),
                             str(section.get("keep_out", defaults.keep_out)))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):  # OverflowError: a hand-edited `Infinity` or 1e999
         return HealthLimits()
 
 

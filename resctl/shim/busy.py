@@ -46,6 +46,8 @@ class BusyClock:
         self.ready: float | None = None
         self._cuda_start: Any = None
         self._cuda_ready: Any = None
+        self._cuda_device: Any = None  # the device of the gradients: the start is recorded on its stream
+        self._broken = False  # CUDA timing failed once (reported as no busy time from then on, never raised)
         self._pending: deque[tuple[Any, Any]] = deque(maxlen=8)  # CUDA (start, ready) not yet complete
         self._steps: deque[float] = deque(maxlen=WINDOW)  # the last steps' lengths, while modules wait
         self._warmup = WARMUP
@@ -56,11 +58,13 @@ class BusyClock:
     def bucket_ready(self, tensor: Any) -> None:
         """From DDP's hook, as each bucket is ready (the last one of a step wins)."""
         if getattr(tensor, "is_cuda", False):
+            if self._broken:
+                return
             import torch
 
             event = torch.cuda.Event(enable_timing=True)
             event.record(torch.cuda.current_stream(tensor.device))
-            self._cuda_ready = event
+            self._cuda_ready, self._cuda_device = event, tensor.device
             if self._cuda_start is None:  # the first timed step: its start is this step's first bucket
                 self._cuda_start = event
         else:
@@ -72,8 +76,12 @@ class BusyClock:
         if self.waiting:
             self._time_when_long(now - self.start)
         self.start, self.ready = now, None
-        if self._cuda_ready is not None or self._pending:
-            busy = self._cuda_boundary()
+        if (self._cuda_ready is not None or self._pending) and not self._broken:
+            try:
+                busy = self._cuda_boundary()
+            except Exception:  # noqa: BLE001 - telemetry never fails the user's optimizer step
+                self._broken, self._pending, self._cuda_start, self._cuda_ready = True, deque(maxlen=8), None, None
+                busy = None
         return busy
 
     def _time_when_long(self, step: float) -> None:
@@ -93,10 +101,13 @@ class BusyClock:
         if self._cuda_ready is not None and self._cuda_start is not None:
             self._pending.append((self._cuda_start, self._cuda_ready))
         start = torch.cuda.Event(enable_timing=True)
-        start.record()
+        # On the gradients' device, not the thread's current one: a script that moves its model to
+        # cuda:LOCAL_RANK without `torch.cuda.set_device` stays on cuda:0, and events of two devices cannot be
+        # compared.
+        start.record(torch.cuda.current_stream(self._cuda_device))
         self._cuda_start, self._cuda_ready = start, None
         busy = None
-        while self._pending and self._pending[0][1].query():  # completed: read without blocking
+        while self._pending and self._pending[0][0].query() and self._pending[0][1].query():  # read without blocking
             begin, end = self._pending.popleft()
             busy = begin.elapsed_time(end) / 1000.0
         return busy
@@ -143,8 +154,8 @@ def install(clock: BusyClock, patches: Patches) -> Callable[[], None]:
         if getattr(module, "_resctl_busy_slot", None) is None:  # the script registered no hook of its own
             try:
                 register_timed(module, module.process_group, allreduce_hook)
-            except RuntimeError:  # a built-in (C++) hook already: this module is not timed
-                pass
+            except Exception:  # noqa: BLE001 - a built-in (C++) hook already (RuntimeError), or a DDP without a
+                pass  # logger (AssertionError: every parameter in delay_all_reduce_named_params): not timed
 
     def attach(module: Any, _args: Any) -> None:
         if not isinstance(module, DDP) or getattr(module, "_resctl_busy_seen", False):

@@ -141,6 +141,9 @@ def finalize() -> None:
     _flush()
 
 
+SETTLE_SWITCH_S = 0.1
+
+
 def teardown_main(ending: Ending) -> None:
     """What `Py_Finalize` does to the script's module, for a forked worker that leaves by `os._exit`.
     The module leaves `sys.modules` and the garbage is collected, so its objects' `__del__` run (with
@@ -155,7 +158,9 @@ def teardown_main(ending: Ending) -> None:
         setattr(sys, attr, None)
     _drop_tracebacks(ending.error)  # a traceback's frames hold the script's names
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e6)
+    # Other threads rarely run meanwhile, yet a CPU-bound one that takes the GIL while a flush waits on the
+    # disk gives it back within SETTLE_SWITCH_S (a switch interval of hours would let it keep it: no exit).
+    sys.setswitchinterval(SETTLE_SWITCH_S)
     try:
         _flush_files_in(vars(main))
         del main
@@ -191,7 +196,7 @@ def _flush_files_in(names: dict[str, object], depth: int = 5, most: int = 100_00
         try:
             if not f.closed and f.writable():
                 f.flush()
-        except (OSError, ValueError):
+        except Exception:  # noqa: BLE001 - OSError, ValueError, a remote file's client error: the script's own
             pass
 
 
@@ -218,16 +223,26 @@ def leave(ending: Ending, *, forked: bool) -> int:
     launcher takes an exit with 0 for done, `resctl.launch.adapters`)."""
     if ending.by_sigint:
         finalize()
-        teardown_main(ending)  # CPython too tears down before it kills itself by SIGINT
+        _teardown(ending)  # CPython too tears down before it kills itself by SIGINT
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
         os.kill(os.getpid(), signal.SIGINT)
     if not forked:
         return ending.code
     finalize()
-    teardown_main(ending)
+    _teardown(ending)
     _flush()
     os._exit(ending.code)
+
+
+def _teardown(ending: Ending) -> None:
+    """`teardown_main`, whose failure (an object of the script's that raises when looked at) is told and
+    never keeps a forked worker from its exit with the script's status."""
+    try:
+        teardown_main(ending)
+    except BaseException as err:  # noqa: BLE001
+        print(f"resctl: tearing down the script's module failed ({type(err).__name__}: {err}); exiting with "
+              f"the script's status {ending.code}", file=sys.stderr, flush=True)
 
 
 def _flush() -> None:

@@ -109,11 +109,14 @@ def _install_fsspec(tracker: Tracker, patches: Patches) -> None:
             self._written()
 
         def __exit__(self, *exc: Any) -> None:
+            self._resctl_failed = exc[0] is not None  # a `with` block that raised left a partial file
             super().__exit__(*exc)
             self._written()
 
         def _written(self) -> None:
             # autocommit: the bytes are in place once the file is closed (in a transaction: at commit)
+            if getattr(self, "_resctl_failed", False):
+                return
             if self.autocommit and getattr(self.f, "closed", False) and not getattr(self, "_resctl_reported", False):
                 self._resctl_reported = True
                 tracker.file_written(self.path)
@@ -126,6 +129,14 @@ def _install_fsspec(tracker: Tracker, patches: Patches) -> None:
             if type(f) is LocalFileOpener and "r" not in mode:
                 f.__class__ = ReportingFile  # same state, one more report
             return f
+
+        def __reduce__(self) -> Any:
+            # By fsspec's registry, not by this class (defined here, it cannot be found by name): a copy is what
+            # the process that unpickles it serves for "file" (this class under resctl, fsspec's own elsewhere).
+            # Lightning's ModelCheckpoint, loggers and datasets sent to spawned loader workers hold one.
+            if self.storage_args:
+                return fsspec.spec.make_instance, (LocalFileSystem, self.storage_args, self.storage_options)
+            return functools.partial(fsspec.filesystem, "file", **self.storage_options), ()
 
     registry = sys.modules["fsspec.registry"]._registry  # what register_implementation writes (the
     # package's `fsspec.registry` attribute is its read-only view, not the module)

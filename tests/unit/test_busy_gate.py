@@ -89,3 +89,25 @@ def test_the_scripts_own_hook_is_wrapped_at_once_and_still_runs(tmp_path: Path) 
     got = _run(tmp_path, "own")
     assert all(got["hooked"]) and got["own_calls"] == WARMUP + 3 * WINDOW, got
     assert all(b is not None and b >= 0.005 for b in got["busy"][1:]), got["busy"]
+
+
+def test_a_cuda_timing_failure_is_no_busy_time_and_never_reaches_the_step() -> None:
+    """The busy clock runs in the optimizer's post-hook: CUDA refusing an event (two devices' events, one not
+    recorded) must cost the straggler measure, never the user's `optimizer.step()`."""
+    import time
+
+    from resctl.shim.busy import BusyClock
+
+    class Refused:
+        def query(self) -> bool:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+
+    class CudaGrad:
+        is_cuda = True
+        device = "cuda:1"
+
+    clock = BusyClock()
+    clock._cuda_start, clock._cuda_ready, clock._cuda_device = Refused(), Refused(), "cuda:1"
+    assert clock.boundary(time.monotonic()) is None
+    clock.bucket_ready(CudaGrad())  # timing is off from now on: no new event is made
+    assert clock._cuda_ready is None and clock.boundary(time.monotonic()) is None

@@ -51,6 +51,8 @@ def test_plan_sections_are_typed_with_the_schemas_defaults(tmp_path: Path) -> No
     limits = contract.health_limits(data)
     assert limits.node_fault_limit == 3 and limits.no_progress_cycles == Health().no_progress_cycles
     assert contract.planned_checkpoint(data) == contract.CheckpointPlan(50, None, None)  # "yes" is not a bool
+    plan.write_text('{"profile": {"health": {"no_progress_cycles": Infinity, "node_fault_limit": 1e999}}}')
+    assert contract.health_limits(contract.read_plan(plan)) == contract.HealthLimits()  # hand-edited: all off
     plan.write_text("{not json")
     assert contract.read_plan(plan) is None
     assert contract.health_limits(None) == contract.HealthLimits() and contract.planned_checkpoint(None).async_ is None

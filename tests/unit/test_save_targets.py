@@ -116,6 +116,24 @@ def test_bytes_that_land_nowhere_or_in_a_file_of_another_size_are_no_snapshot(tm
     assert not [e for e in read_run(run) if e["kind"] == "snapshot"]
 
 
+def test_a_write_whose_with_block_raised_is_no_snapshot(tmp_path: Path, installed: list[Shim]) -> None:
+    run = tmp_path / "run"
+    s = shim(run)
+    tracker_mod.install(s)
+    installed.append(s)
+    s.step = 3
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(8)}, buf)
+    fs, path = fsspec.core.url_to_fs(str(tmp_path / "last.ckpt"))
+    with pytest.raises(RuntimeError), fs.open(path, "wb") as f:
+        f.write(buf.getvalue())  # every byte, then the save fails (the script's own error, a full disk...)
+        raise RuntimeError("the save failed")
+    assert not [e for e in read_run(run) if e["kind"] == "snapshot"]
+    with fs.open(path, "wb") as f:  # the next attempt succeeds: that one is
+        f.write(buf.getvalue())
+    assert [e["step"] for e in read_run(run) if e["kind"] == "snapshot"] == [3]
+
+
 def test_uninstall_gives_fsspec_its_own_local_filesystem_back(tmp_path: Path) -> None:
     before = fsspec.get_filesystem_class("file")
     s = shim(tmp_path / "run")
@@ -125,6 +143,24 @@ def test_uninstall_gives_fsspec_its_own_local_filesystem_back(tmp_path: Path) ->
     s.uninstall()
     assert fsspec.get_filesystem_class("file") is before
     assert safetensors.torch.save_file.__module__ == "safetensors.torch"
+
+
+def test_the_local_filesystem_pickles_and_copies_as_under_torchrun(tmp_path: Path, installed: list[Shim]) -> None:
+    """Lightning's ModelCheckpoint and loggers hold the local filesystem, and a dataset sent to a spawned
+    loader worker is pickled: a copy is what its process serves for "file" (here the reporting one again, whose
+    saves are still seen; fsspec's own in a process without resctl), never a pickling error."""
+    import copy
+    import pickle
+
+    s = shim(tmp_path / "run")
+    installed.append(s)
+    tracker_mod.install(s)
+    fs = fsspec.filesystem("file")
+    for again in (pickle.loads(pickle.dumps(fs)), copy.deepcopy(fs)):
+        assert type(again) is fsspec.get_filesystem_class("file")
+    s.uninstall()
+    installed.remove(s)
+    assert type(pickle.loads(pickle.dumps(fs))) is fsspec.get_filesystem_class("file")  # fsspec's own now
 
 
 @pytest.mark.parametrize("rank", [0, 1])

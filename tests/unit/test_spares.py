@@ -50,7 +50,8 @@ class _Holder:
 
 def _agent(state: Any, nodes: int, lo: int, hi: int, prev: dict[Any, int]) -> Any:
     handler = SimpleNamespace(_state_holder=_Holder(state), _settings=SimpleNamespace(min_nodes=lo, max_nodes=hi),
-                              _heartbeat_lock=threading.Lock(), _prev_participants=prev)
+                              _heartbeat_lock=threading.Lock(),
+                              _op_executor=SimpleNamespace(_prev_participants=prev))  # where NVRx 0.4.1 keeps them
     return SimpleNamespace(_worker_group=SimpleNamespace(spec=SimpleNamespace(rdzv_handler=handler),
                                                          group_world_size=nodes))
 
