@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import multiprocessing.connection
 import os
 import select
@@ -136,14 +137,14 @@ def sleep_until_exit(pids: list[int], result_fds: list[int], seconds: float, clo
     interval (5 s by default) whenever the last worker exited between the look and the sleep. Other
     sleeps (NVRx's waits while it stops workers) do not end on a child that had exited before them."""
     fds: dict[int, int] = {}
-    for pid in pids:
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except OSError:  # gone and reaped, or no pidfd on this kernel
-            continue
     try:
+        for pid in pids:
+            try:
+                fds[os.pidfd_open(pid)] = pid
+            except OSError:  # gone and reaped, or no pidfd on this kernel
+                continue
         start = clock.monotonic()
-        exited = select.select(list(fds), [], [], 0)[0] if fds else []
+        exited = _readable(list(fds), 0) if fds else []
         alive = [fd for fd in fds if fd not in exited]
         if after_look and exited:
             woke = exited
@@ -151,12 +152,21 @@ def sleep_until_exit(pids: list[int], result_fds: list[int], seconds: float, clo
             clock.sleep(seconds)
             return
         else:
-            woke = select.select(alive + result_fds, [], [], seconds)[0]
+            woke = _readable(alive + result_fds, seconds)
         if any(fd in fds and _exited_failing(fds[fd]) for fd in woke):
             clock.sleep(max(0.0, min(PEER_GRACE, seconds - (clock.monotonic() - start))))
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _readable(fds: list[int], seconds: float) -> list[int]:
+    """The fds readable (a pidfd: its process exited) within `seconds`: poll, which takes any fd number
+    (select refuses one of 1024 or more, which a launcher with many files open reaches)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(math.ceil(max(0.0, seconds) * 1000))]
 
 
 class LauncherClock:

@@ -125,3 +125,22 @@ def test_other_sleeps_do_not_end_on_a_worker_that_had_exited_before_them(workers
     clock = _Clock()
     agent.sleep_until_exit(workers, [], 20.0, clock)
     assert clock.sleeps == [20.0]
+
+
+def test_a_result_fd_numbered_past_1024_wakes_the_sleep(workers: list[int]) -> None:
+    """A launcher with many files open hands fds of 1024 and more (select refuses them: ValueError)."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1600:
+        pytest.skip("the open-files limit is under 1600")
+    read, write = os.pipe()
+    high = os.dup2(read, 1500)
+    try:
+        workers.append(_child("ok"))
+        os.write(write, b"x")  # a result is ready now: the sleep ends at once, not after 60 s
+        began = time.monotonic()
+        agent.sleep_until_exit(workers, [high], 60.0)
+        assert time.monotonic() - began < 50.0
+    finally:
+        for fd in (read, write, high):
+            os.close(fd)
