@@ -426,9 +426,30 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
     def after_start(self) -> None:
         """The workers run: the agent's hold on their process context, and on the stop signals."""
         self._seams = _ProcessContextSeams(self, self._pcontext)
+        self._own_groups()
         self._own_stop_signals()
         LatePreload.workers_started()
         self._looked = True  # a worker that ends before the first sleep ends it (`sleep_until_exit`)
+
+    def _own_groups(self) -> None:
+        """Each forked worker in a process group of its own from the parent's side too: the worker makes it
+        in its at-fork hook, which may not have run when NVRx 0.6+ records the workers' groups right after the
+        start (the launcher's group then, which its leftover cleanup skips: a worker's DataLoader children
+        would outlive a stop). An exec'd worker leads its own session already (EPERM: nothing to do)."""
+        pids = list(self._pcontext.pids().values()) if self._pcontext is not None else []
+        for pid in pids:
+            try:
+                os.setpgid(pid, pid)
+            except OSError:
+                pass
+        if hasattr(self, "_children_pgids"):
+            groups = set()
+            for pid in pids:
+                try:
+                    groups.add(os.getpgid(pid))
+                except OSError:  # gone already
+                    continue
+            self._children_pgids = groups
 
     def _assign_worker_ranks(self, *args: Any, **kwargs: Any) -> Any:
         if self._identical is None:
