@@ -108,7 +108,7 @@ _CASES = [
     # randomness
     Case("rng_unseeded", 0),
     Case("rng_torch", 0, idle=TORCH_IDLE),
-    Case("rng_restart", 0, max_restarts=1, idle=45),
+    Case("rng_restart", 0, args=TMP, max_restarts=1, idle=45),
     # torch
     Case("torch_compile", 0, timeout=180, idle=90),
     Case("pg_env", 0, idle=TORCH_IDLE),
