@@ -436,19 +436,17 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         in its at-fork hook, which may not have run when NVRx 0.6+ records the workers' groups right after the
         start (the launcher's group then, which its leftover cleanup skips: a worker's DataLoader children
         would outlive a stop). An exec'd worker leads its own session already (EPERM: nothing to do)."""
-        pids = list(self._pcontext.pids().values()) if self._pcontext is not None else []
-        for pid in pids:
+        groups = set()
+        for pid in self._pcontext.pids().values() if self._pcontext is not None else ():
             try:
                 os.setpgid(pid, pid)
             except OSError:
                 pass
+            try:
+                groups.add(os.getpgid(pid))
+            except OSError:  # gone already
+                continue
         if hasattr(self, "_children_pgids"):
-            groups = set()
-            for pid in pids:
-                try:
-                    groups.add(os.getpgid(pid))
-                except OSError:  # gone already
-                    continue
             self._children_pgids = groups
 
     def _assign_worker_ranks(self, *args: Any, **kwargs: Any) -> Any:

@@ -80,7 +80,8 @@ class BusyClock:
             try:
                 busy = self._cuda_boundary()
             except Exception:  # noqa: BLE001 - telemetry never fails the user's optimizer step
-                self._broken, self._pending, self._cuda_start, self._cuda_ready = True, deque(maxlen=8), None, None
+                self._broken, self._cuda_start, self._cuda_ready = True, None, None
+                self._pending.clear()
                 busy = None
         return busy
 

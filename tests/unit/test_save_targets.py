@@ -99,15 +99,22 @@ def test_each_way_of_writing_is_a_snapshot_and_its_load_a_resume(tmp_path: Path,
     assert resumes == [(1, 20, str(ckpt))]
 
 
-def test_bytes_that_land_nowhere_or_in_a_file_of_another_size_are_no_snapshot(tmp_path: Path,
-                                                                             installed: list[Shim]) -> None:
-    run = tmp_path / "run"
+def saved_in_memory_at_step_3(run: Path, installed: list[Shim]) -> io.BytesIO:
+    """A shim installed at step 3 and a torch.save into a buffer: bytes that are a checkpoint only once a file
+    of their size is written."""
     s = shim(run)
     tracker_mod.install(s)
     installed.append(s)
     s.step = 3
     buf = io.BytesIO()
-    torch.save({"w": torch.ones(8)}, buf)  # kept in memory (a broadcast, a test): not a checkpoint
+    torch.save({"w": torch.ones(8)}, buf)
+    return buf
+
+
+def test_bytes_that_land_nowhere_or_in_a_file_of_another_size_are_no_snapshot(tmp_path: Path,
+                                                                             installed: list[Shim]) -> None:
+    run = tmp_path / "run"
+    saved_in_memory_at_step_3(run, installed)  # kept in memory (a broadcast, a test): not a checkpoint
     with fsspec.open(str(tmp_path / "other.bin"), "wb") as f:
         f.write(b"x" * 10)  # some other file: not those bytes
     assert not [e for e in read_run(run) if e["kind"] == "snapshot"]
@@ -118,12 +125,7 @@ def test_bytes_that_land_nowhere_or_in_a_file_of_another_size_are_no_snapshot(tm
 
 def test_a_write_whose_with_block_raised_is_no_snapshot(tmp_path: Path, installed: list[Shim]) -> None:
     run = tmp_path / "run"
-    s = shim(run)
-    tracker_mod.install(s)
-    installed.append(s)
-    s.step = 3
-    buf = io.BytesIO()
-    torch.save({"w": torch.ones(8)}, buf)
+    buf = saved_in_memory_at_step_3(run, installed)
     fs, path = fsspec.core.url_to_fs(str(tmp_path / "last.ckpt"))
     with pytest.raises(RuntimeError), fs.open(path, "wb") as f:
         f.write(buf.getvalue())  # every byte, then the save fails (the script's own error, a full disk...)
