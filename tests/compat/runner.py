@@ -43,11 +43,15 @@ MARK = "COMPAT_LAUNCH"  # in the environment of every process of one launch
 
 # Output no launcher owns but the environment adds: torch's import on this box warns about pynvml; the
 # interpreter's resource tracker warns of "leaked" semaphores when it looks before a spawn DataLoader's
-# finalizers have unregistered them (timing: under torchrun too, on a loaded box), with its source line.
+# finalizers have unregistered them (timing: under torchrun too, on a loaded box), with its source line, and
+# then may find the semaphore already unlinked by its owner.
 NOISE = (re.compile(r"The pynvml package is deprecated"), re.compile(r"^\s+import pynvml\s+# type: ignore"),
          re.compile(r"resource_tracker\.py:\d+: UserWarning: resource_tracker: There appear to be \d+ leaked \w+ "
                     r"objects to clean up at shutdown"),
-         re.compile(r"^\s+warnings\.warn\('resource_tracker: There appear to be %d '"))
+         re.compile(r"^\s+warnings\.warn\('resource_tracker: There appear to be %d '"),
+         # ... and then, unlinking that semaphore after its owner did: "'/mp-abc': [Errno 2] No such file ..."
+         re.compile(r"resource_tracker\.py:\d+: UserWarning: resource_tracker: '/mp-\w+': \[Errno 2\] "),
+         re.compile(r"^\s+warnings\.warn\('resource_tracker: %r: %s' % \(name, e\)\)"))
 # torchrun's own logging (a worker's torch logs, e.g. torch/multiprocessing/spawn.py, are the script's)
 TORCH_LOG = re.compile(r"^[WEIDC]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ torch/distributed/(run\.py|elastic/)\S*:\d+\]")
 ELASTIC = "torch.distributed.elastic."

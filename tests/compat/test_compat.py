@@ -173,6 +173,9 @@ def test_the_resource_trackers_leaked_semaphore_warning_is_the_interpreters_nois
     launcher): not a line of the script's, nor a difference from torchrun."""
     raw = ["/usr/lib/python3.11/multiprocessing/resource_tracker.py:224: UserWarning: resource_tracker: There appear "
            "to be 1 leaked semaphore objects to clean up at shutdown",
-           "  warnings.warn('resource_tracker: There appear to be %d '", "FACT rank=0 total=140"]
+           "  warnings.warn('resource_tracker: There appear to be %d '", "FACT rank=0 total=140",
+           "/usr/lib/python3.11/multiprocessing/resource_tracker.py:267: UserWarning: resource_tracker: "
+           "'/mp-hqtzoxe3': [Errno 2] No such file or directory",
+           "  warnings.warn('resource_tracker: %r: %s' % (name, e))"]
     script, own = split_launcher(raw)
     assert script == ["FACT rank=0 total=140"] and own == []

@@ -90,15 +90,22 @@ def wait_for(what: str, predicate: Any, timeout: float, slurm: SlurmCluster, wor
             if not states or states[-1] != seen:
                 states.append(seen)
             if state["JobState"] in ("FAILED", "CANCELLED", "COMPLETED", "TIMEOUT", "NODE_FAIL"):
+                # The job ended between the predicate's look and this one: the end may be what is awaited
+                # (the job COMPLETED just then, which failed this wait once); asked once more, then given up.
+                value = predicate()
+                if value:
+                    return value
                 break  # it will not happen any more
         time.sleep(0.3)
+    waited = timeout - max(0.0, deadline - time.monotonic())
     text = (work / "out.log").read_text(errors="replace") if (work / "out.log").exists() else "(no log)"
     key = "\n".join(line for line in text.splitlines()
                     if re.match(r"(resctl:|srun:|slurmstepd|\[rank \d\] resumed|\w*Error)", line))
     state = {k: v for k, v in slurm.job(job).items() if k in ("JobState", "Reason", "Restarts", "ExitCode")} if job else {}
     # The daemons' logs first and the job's own lines last: a CI log shows the tail.
     raise AssertionError(f"{slurm.logs()}\n--- job log, end\n{text[-3000:]}\n--- job log, key lines\n{key}\n"
-                         f"gave up after {timeout}s (or the job ended) waiting for {what}; job {state}, states seen "
+                         f"gave up after {waited:.0f} of {timeout}s (or the job ended) waiting for {what}; job {state}, "
+                         "states seen "
                          f"{' -> '.join(states)}")
 
 
@@ -186,3 +193,27 @@ def test_user_scancel_stops_without_requeue(slurm: SlurmCluster, tmp_path: Path)
     state = slurm.job(job)
     assert state["JobState"] == "CANCELLED" and state["Restarts"] == "0", state
     assert "stopping without requeue" in (work / "out.log").read_text()
+
+
+class _EndingJob:
+    """A Slurm stand-in: `job` answers RUNNING `running` times, then COMPLETED."""
+
+    def __init__(self, running: int) -> None:
+        self.running = running
+
+    def job(self, job: str) -> dict[str, str]:
+        self.running -= 1
+        return {"JobState": "RUNNING" if self.running >= 0 else "COMPLETED", "Reason": "None"}
+
+    def logs(self) -> str:
+        return ""
+
+
+def test_wait_for_sees_an_end_that_came_between_its_two_looks(tmp_path: Path) -> None:
+    """The job COMPLETED after the predicate looked and before the state did: that is the awaited end, not
+    a job that ended otherwise (this failed the keep-out test twice, reported as 'gave up after 300s')."""
+    looks = iter([False, True])  # the job is still running at the first look, COMPLETED at the state's
+    assert wait_for("the end", lambda: next(looks), 60, _EndingJob(0), tmp_path, job="1") is True  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match=r"gave up after \d+ of 60s .* states seen RUNNING/None -> COMPLETED/None"):
+        wait_for("something else", lambda: False, 60, _EndingJob(1), tmp_path, job="1")  # type: ignore[arg-type]
+
