@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -56,12 +57,15 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "(put NVRx 0.7.0 first on PYTHONPATH: .ci/nvrx07 DIR; PYTHONPATH=DIR/src:DIR/deps)")
 
 
-#: The end of each failure's report, printed again as the session's last words: a CI log that keeps only its
-#: head and tail (the second pass's failures sat in the cut middle once) still shows why each test failed.
+#: The end of each failure's report, printed again as the session's last words (after pytest's short summary,
+#: whose XFAIL lines pushed it into the cut middle once): a CI log that keeps only its head and tail still
+#: shows why each test failed.
 DIGEST_LINES, DIGEST_CHARS = 14, 3000
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # around pytest's own summary: printed after its short summary
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterator[None]:
+    yield
     failed = [*terminalreporter.stats.get("failed", []), *terminalreporter.stats.get("error", [])]
     if not failed:
         return
