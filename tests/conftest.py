@@ -46,6 +46,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "launcher: a unit test of the launcher (CI runs it on every NVRx version)")
     config.addinivalue_line("markers", "nvrx_series(series): runs only on that ft_launcher series (\"0.4\", \"0.6+\")")
+    config.addinivalue_line("markers", "nvrx_independent: a slow test whose subject is resctl's own code, the same on "
+                            "every NVRx (checkpoint storage, the memory tier's rollback, the data position); the "
+                            "restarts it goes through are tested on both. CI's 0.7.0 pass leaves it out")
     # Tests start launchers and scripts from other working directories: a relative PYTHONPATH entry would
     # name nothing there, and those processes would silently run the venv's NVRx instead.
     if os.environ.get("PYTHONPATH"):
@@ -81,12 +84,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     version = installed_nvrx()
     series = series_for(version) if version != "none" else ""
+    if config.getoption("--compat-launchers") == "alternate":
+        _one_mode_per_compat_case(config, items)
     for item in items:
         if item.path.name in LAUNCHER_UNIT_TESTS:
             item.add_marker(pytest.mark.launcher)
         wanted = item.get_closest_marker("nvrx_series")
         if wanted is not None and series not in wanted.args:
             item.add_marker(pytest.mark.skip(reason=f"NVRx {version} is series {series}; this test is for {wanted.args}"))
+
+
+def _one_mode_per_compat_case(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect each compat case's comparison under the start mode it does not get (tests.compat.cases)."""
+    from tests.compat.cases import alternate_mode
+
+    def other_mode(item: pytest.Item) -> bool:
+        params = getattr(item, "callspec", None) and item.callspec.params  # type: ignore[attr-defined]
+        return bool(params) and item.path.name == "test_compat.py" and "case" in params and \
+            params.get("launcher") not in (None, alternate_mode(params["case"]))
+
+    dropped = [item for item in items if other_mode(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not other_mode(item)]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -96,6 +116,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run every job with this launch.rendezvous (RESCTL_LAUNCH_RENDEZVOUS, set after the "
                           "isolation below): nvrx runs the multi-node tests against NVRx's own (the opt-out); "
                           "resctl's is the default (issues 25, 30)")
+    parser.addoption("--compat-launchers", choices=("both", "alternate"), default="both",
+                     help="the compat suite's resctl start modes: both for every case, or one per case, fork and "
+                          "exec in turn (CI's NVRx 0.7.0 pass: the 0.4.1 pass compares both)")
 
 
 @pytest.fixture(autouse=True)

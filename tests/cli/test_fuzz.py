@@ -1,7 +1,7 @@
 """Hostile input, generated: profiles, --set overrides and RESCTL_* variables only ever give exit 0 or 2, never a
 traceback (issue 12). In-process (tests/cli/inproc.py), `--dry-run` only: nothing is started.
 
-RESCTL_FUZZ_EXAMPLES raises the example count for a longer local hunt (CI: 500 per test).
+RESCTL_FUZZ_EXAMPLES raises the example count for a longer local hunt (CI: 250 per test).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from resctl.profile.schema import SECTIONS, env_name, keys
 from tests.cli.inproc import invoke
 
 SCRIPT = str(Path(__file__).resolve().parents[2] / "examples" / "train_snapshot.py")
-EXAMPLES = int(os.environ.get("RESCTL_FUZZ_EXAMPLES", "500"))
+EXAMPLES = int(os.environ.get("RESCTL_FUZZ_EXAMPLES", "250"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEYS = sorted(keys())
 TRICKY_TEXT = ["", " ", "auto", "none", "nan", "inf", "-inf", "1e999", "-1", "0", "5:2", "2:4", "0:0", "99999",

@@ -2,7 +2,7 @@
 whose events were mangled (lines dropped, duplicated, truncated, bytes flipped, fields retyped, nested deep,
 `null`, not UTF-8, reordered) only ever give exit 0 or 2 and never a traceback (issue 12). In-process.
 
-RESCTL_FUZZ_EXAMPLES raises the example count for a longer local hunt (CI: 500).
+RESCTL_FUZZ_EXAMPLES raises the example count for a longer local hunt (CI: 250).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tests.cli.inproc import invoke
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "faults"
-EXAMPLES = int(os.environ.get("RESCTL_FUZZ_EXAMPLES", "500"))
+EXAMPLES = int(os.environ.get("RESCTL_FUZZ_EXAMPLES", "250"))
 # No shrinking in CI: a failing example is reported as drawn (shrinking one took over 5 minutes).
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                 phases=[Phase.explicit, Phase.reuse, Phase.generate])

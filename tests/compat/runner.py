@@ -25,9 +25,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -479,14 +479,17 @@ def _clip(line: str) -> str:
 # --- the whole suite ------------------------------------------------------------------------------
 
 def run_all(cases: list[Case], jobs: int, on_done: Callable[[Case, Outcome], None] | None = None,
-            launchers: tuple[str, ...] = LAUNCHERS) -> dict[str, dict[str, Outcome]]:
-    """Every case under every launcher, `jobs` launches at a time; the launchers of one case are
-    queued together and their order rotates from case to case (none always goes first)."""
+            launchers: tuple[str, ...] = LAUNCHERS,
+            only: Mapping[str, Collection[str]] | None = None) -> dict[str, dict[str, Outcome]]:
+    """Every case under every launcher (or those `only` names for it), `jobs` launches at a time; the
+    launchers of one case are queued together and their order rotates from case to case (none always
+    goes first)."""
     results: dict[str, dict[str, Outcome]] = collections.defaultdict(dict)
     tasks = []
     for i, case in enumerate(cases):
         k = i % len(launchers)
-        tasks += [(case, launcher) for launcher in launchers[k:] + launchers[:k]]
+        tasks += [(case, launcher) for launcher in launchers[k:] + launchers[:k]
+                  if only is None or launcher in only.get(case.name, launchers)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {pool.submit(launch, case, launcher): (case, launcher) for case, launcher in tasks}
         for future in concurrent.futures.as_completed(futures):

@@ -32,6 +32,8 @@ JOBS = int(os.environ.get("RESCTL_COMPAT_JOBS", "3"))
 
 
 def _params() -> list[Any]:
+    """Each case under each resctl start mode (`--compat-launchers alternate` keeps one of them per case:
+    tests/conftest.py)."""
     params = []
     for name in CASES:
         for launcher in ("fork", "exec"):
@@ -44,14 +46,17 @@ def _params() -> list[Any]:
 @pytest.fixture(scope="module")
 def outcomes(request: pytest.FixtureRequest) -> dict[str, dict[str, Outcome]]:
     """Launch only the cases this session selected."""
-    wanted = {item.callspec.params["case"] for item in request.session.items
-              if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params}
+    mine = [item.callspec.params for item in request.session.items
+            if item.module is request.module and hasattr(item, "callspec")]
+    wanted: dict[str, set[str]] = collections.defaultdict(lambda: {"torchrun"})  # case -> its launchers
+    for params in mine:
+        if "case" in params:
+            wanted[params["case"]].add(params.get("launcher", "torchrun"))
+    kills = {(params["framework"], params["launcher"]) for params in mine if "framework" in params}
+    for framework, _ in kills:
+        wanted[framework].add("torchrun")  # a killed run's reference: the uninterrupted run under torchrun
     t0 = time.monotonic()
-    kills = {(item.callspec.params["framework"], item.callspec.params["launcher"]) for item in request.session.items
-             if item.module is request.module and hasattr(item, "callspec") and "framework" in item.callspec.params}
-    results = run_all([CASES[n] for n in CASES if n in wanted], JOBS)
-    references = {f for f, _ in kills} - wanted  # a killed run's reference: the uninterrupted run under torchrun
-    results.update(run_all([CASES[n] for n in sorted(references)], JOBS, launchers=("torchrun",)))
+    results = run_all([CASES[n] for n in CASES if n in wanted], JOBS, only=wanted)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, JOBS)) as pool:
         futures = {pool.submit(launch, kill_case(f), la): (f, la) for f, la in sorted(kills)}
         for future, (f, la) in futures.items():

@@ -13,7 +13,7 @@ import torch
 from resctl.checkpoint import format as fmt
 from tests.integration.jobs import LOCAL_PROFILE, events, fill_disk, finish, start
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.nvrx_independent]
 
 SCRIPT = textwrap.dedent(
     """

@@ -20,7 +20,7 @@ import torch
 from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, torchrun, wait_for
 from tests.integration.test_recovery import IN_PROCESS, assert_bitwise_equal
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.nvrx_independent]
 SCRIPT = str(EXAMPLES / "train_loader.py")
 
 

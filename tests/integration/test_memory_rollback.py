@@ -60,6 +60,7 @@ def recoveries(run_dir: Path) -> list[tuple[int, int, str | None]]:
 
 
 @pytest.mark.slow
+@pytest.mark.nvrx_independent
 def test_random_kills_roll_back_at_most_memory_every_steps(tmp_path: Path) -> None:
     run_dir = tmp_path / "kills"
     proc = start(job(tmp_path, "kills"), cwd=tmp_path)
@@ -84,6 +85,7 @@ def run_pair(tmp: Path, every: int, kills: int, seed: int, delay: float | None =
 
 
 @pytest.mark.slow
+@pytest.mark.nvrx_independent
 def test_kill_9_mid_commit_with_memory_every_3_rolls_back_at_most_2_memory_every_minus_1(tmp_path: Path) -> None:
     """Two real ranks, each commit stretched over many steps (as a GPU's is), SIGKILLed at 8
     random moments: every restart resumes at most `memory_every` + (memory_every - 1) steps (the
@@ -111,6 +113,7 @@ def test_kill_9_mid_commit_with_memory_every_3_rolls_back_at_most_2_memory_every
 
 
 @pytest.mark.slow
+@pytest.mark.nvrx_independent
 def test_kill_9_with_commits_shorter_than_a_step_rolls_back_memory_every_plus_the_steps_spanned(tmp_path: Path) -> None:
     """The same pair with commits as short as they are (microseconds here, less than a step):
     the bound is `memory_every` + 1 (+ the steps a commit spanned on a loaded box, measured)."""

@@ -368,6 +368,7 @@ def _run_ranks(script: Path, tmp: Path, phase: str, servers: list[replica.Replic
 
 
 @pytest.mark.slow
+@pytest.mark.nvrx_independent  # no launcher: two processes and the replica wire
 def test_a_rank_whose_node_lost_its_memory_restores_from_the_buddy_and_all_agree(tmp_path: Path) -> None:
     """Node 1 loses its memory (its root wiped, its server's copies too); node 0's copy of rank 1's
     step 4 is damaged. Every rank agrees on step 3: rank 1 from node 0's copy (tier buddy), rank 0
