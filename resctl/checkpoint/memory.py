@@ -149,6 +149,11 @@ class MemoryTier:
         specs, total = fmt.plan_stream(tensors)
         slot = self._slots[k]
         self._last = k
+        if slot.would_cut(total):  # the state changed size: slot k's older snapshot goes now, not at the commit
+            if device_staged:
+                self._wait_commit()  # as the commit would: after the newest one has landed
+                self._wait_pin(k)
+            self._invalidate(k)
         view = slot.buffer(total, pin=cuda is not None)
         if not device_staged:
             self._invalidate(k)
@@ -208,7 +213,9 @@ class MemoryTier:
         """Map both slots for a `total`-byte stream, registered with CUDA for `device` (None: a
         CPU state), in the background: the first snapshot into a slot would otherwise block the
         loop for it (seconds for GBs: allocating and pinning). The next `save` waits for what is
-        left of it."""
+        left of it. A slot holding a snapshot of another size (the state grew: an optimizer's state
+        after its first step) is left whole: it may be the step a peer rolls back to (two slots
+        always leave a step every rank holds); the save that reuses it maps it."""
         pin = device is not None
         if all(s.ready(total, pin) for s in self._slots):
             return
@@ -216,7 +223,8 @@ class MemoryTier:
         def job() -> None:
             with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
                 for slot in self._slots:
-                    slot.buffer(total, pin=pin)
+                    if not slot.ready(total, pin) and not slot.would_cut(total):
+                        slot.buffer(total, pin=pin)
 
         self._warming = self._exec.submit(job)
 

@@ -39,6 +39,13 @@ class Slot:
         """Mapped for `total` bytes (and registered with CUDA if `pin`) already."""
         return self._view is not None and self._size == total and (self._pinned or not pin or total == 0)
 
+    def would_cut(self, total: int) -> bool:
+        """Mapping it for `total` bytes would cut the complete snapshot it holds (one of another size)."""
+        try:
+            return (self.path / fmt.MANIFEST).exists() and (self.path / DATA).stat().st_size != total
+        except OSError:
+            return False
+
     def invalidate(self) -> None:
         """Remove the manifest: from now on the slot is incomplete (never offered to a load)."""
         try:

@@ -152,6 +152,24 @@ def test_another_model_or_world_size_never_loads_from_memory(tmp_path: Path, shm
     assert _ckpt(tmp_path, world_size=2).load(_fresh()) == 0
 
 
+def test_a_state_that_grows_keeps_the_older_snapshot_whole_until_its_slot_is_reused(tmp_path: Path, shm: Path) -> None:
+    """The optimizer's state appears after the first step, so the second snapshot is larger: mapping the
+    slots for the new size must not cut the older snapshot while it is the step every rank may still need
+    (a peer that has not committed the newer one rolls back to it: issue 27's two-slot invariant)."""
+    c = _ckpt(tmp_path)
+    small = {"w": torch.full((1000,), 1.0)}
+    c.maybe_save(small, 1)
+    c.wait()
+    grown = {"w": torch.full((1000,), 2.0), "m": torch.full((3000,), 2.0)}
+    c.maybe_save(grown, 2)
+    c.wait()
+    c.close()
+    newest = next(p for p in _slots(shm).glob("slot-*") if fmt.read_manifest(p / fmt.MANIFEST).step == 2)
+    os.unlink(newest / fmt.MANIFEST)  # step 2 lost on this rank: step 1 is what is left in memory
+    back = {"w": torch.zeros(1000)}
+    assert _ckpt(tmp_path).load(back) == 1 and torch.all(back["w"] == 1.0)
+
+
 def test_release_removes_the_rank_and_the_empty_job_directory(tmp_path: Path, shm: Path) -> None:
     c = _ckpt(tmp_path)
     _train_and_snapshot(c, range(1, 3))
