@@ -86,6 +86,12 @@ def test_a_rank_without_step_boundaries_does_not_hold_the_others_back(store: dis
     other.propose(ANY_STEP)
     saver.propose(12)
     assert saver.agree(timeout=5) == 12
+    # ... nor its exit: rank 0, hosting the store, waits for no read of a rank that stops at no step
+    # (it waited out its whole timeout before: 10 s at every stop of a job where only rank 0 saves).
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (saver.outlast_agreement(timeout=600), done.set()), daemon=True)
+    waiter.start()
+    assert done.wait(120), "rank 0 waited for a read that never comes"
 
 
 class _Counted:
