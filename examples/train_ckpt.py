@@ -76,6 +76,20 @@ def parse_sigterm_at(text: str) -> dict[tuple[int, int], float]:
     return out
 
 
+class SlowToSave:
+    """A state entry whose `state_dict()` takes `seconds` (a rank with a larger shard, or slower storage)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def state_dict(self) -> dict[str, float]:
+        time.sleep(self.seconds)
+        return {"seconds": self.seconds}
+
+    def load_state_dict(self, sd: dict[str, float]) -> None:
+        pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=50, help="train until this optimizer step")
@@ -97,6 +111,8 @@ def main() -> None:
     ap.add_argument("--sigterm-at", default="", metavar="STEP:RANK[@SECONDS],...",
                     help="RANK sends itself SIGTERM in STEP, after the gradient all-reduce and before the step "
                     "boundary, SECONDS after the all-reduce (a stop signal that reaches the ranks at different steps)")
+    ap.add_argument("--save-time", default="", metavar="RANK@SECONDS",
+                    help="every checkpoint save on RANK takes SECONDS longer (a rank with a larger shard)")
     ap.add_argument("--hold-until", default="", metavar="PATH",
                     help="a run that starts from step 0 waits for PATH to exist before its first step (a test "
                     "brings up another node meanwhile)")
@@ -126,6 +142,9 @@ def main() -> None:
     world = dist.get_world_size() if distributed else 1
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     state = {"model": model, "optim": opt}
+    slow_rank, _, slow_seconds = args.save_time.partition("@")
+    if slow_rank:  # on every rank (one structure), slow on one
+        state["slow"] = SlowToSave(float(slow_seconds) if int(slow_rank) == rank else 0.0)
     start = checkpoint.load(state)
     if start:
         print(f"[rank {rank}] resumed from checkpoint step {start}", flush=True)

@@ -220,7 +220,8 @@ class _ProcessContextSeams:
         if pc is not None and agent.stop_file is not None:
             self._join = pc.join
             pc.join = self.quick_join
-        if pc is not None and hasattr(pcontext, "_ret_vals"):
+        self._saving_since: float | None = None  # when the first worker that left on a job stop was seen gone
+        if (pc is not None and hasattr(pcontext, "_ret_vals")) or hasattr(pcontext, "subprocess_handlers"):
             self._poll = pcontext._poll
             pcontext._poll = self.poll_exits
 
@@ -252,8 +253,34 @@ class _ProcessContextSeams:
             raise
 
     def poll_exits(self) -> Any:
-        settle_exited(self.pcontext)
+        if getattr(self.pcontext, "_pc", None) is not None:
+            settle_exited(self.pcontext)
+        if self._others_still_saving():
+            return None  # still running, as far as the agent is concerned
         return self._poll()
+
+    def _others_still_saving(self) -> bool:
+        """Workers left on a job stop, each after its final save, while others are still saving theirs (a peer
+        node's stop reaches every rank here; a larger shard takes longer): not a failure that stops the rest
+        for a restart, which would cut their saves. They get `launch.term_timeout` from the first one gone."""
+        stop_file = self.agent.stop_file
+        if stop_file is None or not stop.saving_after_a_stop(_exit_codes(self.pcontext), stop.left_pids(stop_file)):
+            self._saving_since = None
+            return False
+        now = time.monotonic()
+        if self._saving_since is None:
+            self._saving_since = now
+            log.info("workers left on a job stop; waiting up to %.0f s for the others' final saves",
+                     self.agent.term_timeout())
+        return now - self._saving_since < self.agent.term_timeout()
+
+
+def _exit_codes(pcontext: Any) -> dict[int, int | None]:
+    """PID -> exit code (None: running) of each worker, forked or exec'd (codes are cached where read)."""
+    pc = getattr(pcontext, "_pc", None)
+    if pc is not None:
+        return {p.pid: p.exitcode for p in pc.processes}
+    return {h.proc.pid: h.proc.poll() for h in getattr(pcontext, "subprocess_handlers", {}).values()}
 
 
 def settle_exited(pcontext: Any) -> None:
@@ -335,6 +362,10 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
     def stop_timeout(self) -> float | None:
         return float(getattr(self, "_workers_stop_timeout", 0) or 0) or None
 
+    def term_timeout(self) -> float:
+        """How long a job stop may take (`launch.term_timeout`)."""
+        return float(getattr(self, "_term_timeout", 0) or 30)
+
     def live_pids(self) -> list[int]:
         pcontext = getattr(self, "_pcontext", None)
         if pcontext is None:
@@ -415,7 +446,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
             # The new workers begin the job stop (and its final save) themselves, once their shim
             # can act on it: a SIGTERM now would reach none.
             os.environ[stop.JOB_STOP_ENV] = str(self.job_stop.signum)
-            self.job_stop.deadline = time.monotonic() + float(getattr(self, "_term_timeout", 0) or 30)
+            self.job_stop.deadline = time.monotonic() + self.term_timeout()
         if self.stop_file is not None:
             stop.clear(self.stop_file)
             stop.clear_left(self.stop_file)

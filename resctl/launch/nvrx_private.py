@@ -119,6 +119,10 @@ NAMES: tuple[Private, ...] = (
     _torch_mp("_return_values", "instance", "as in NVRx 0.4's copy"),
     _torch_mp("_worker_finished_event", "instance", "as in NVRx 0.4's copy"),
     _torch_mp("_is_done", "method", "as in NVRx 0.4's copy"),
+    # the process context of exec'd workers
+    Private(f"{COMPAT_MP}:SubprocessContext", "_poll", "method", "workers that left on a job stop wait for the "
+            "others' final saves", ("0.4",), ("0.4.1",)),
+    Private(f"{TORCH_MP}:SubprocessContext", "_poll", "method", "as in NVRx 0.4's copy", ("0.6+",), ("0.7.0",)),
     Private(COMPAT_MP, "_terminate_process_handler", "attribute", "the stop signals' handler the agent takes over",
             ("0.4",), ("0.4.1",)),
     Private(TORCH_MP, "_terminate_process_handler", "attribute", "the stop signals' handler the agent takes over",

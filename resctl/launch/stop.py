@@ -140,6 +140,27 @@ def left(path: Path) -> set[str]:
     return found
 
 
+def left_pids(path: Path) -> set[int]:
+    """The PIDs of this launcher's workers that left on a job stop since `clear_left` (`mark_left`)."""
+    found: set[int] = set()
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith("left-")]
+    except OSError:
+        return found
+    for name in names:
+        pid = name.removeprefix("left-")
+        if pid.isdigit() and _trusted(path.parent / name) in (OWN.encode(), PEER.encode()):
+            found.add(int(pid))
+    return found
+
+
+def saving_after_a_stop(exits: Mapping[int, int | None], left: set[int]) -> bool:
+    """Workers (PID -> exit code, None: running) that left on a job stop and others still saving theirs:
+    some exited non-zero, each of those after leaving on the stop (its final save done), and some still run."""
+    failed = {pid for pid, code in exits.items() if code not in (0, None)}
+    return bool(failed) and failed <= left and any(code is None for code in exits.values())
+
+
 def clear_left(path: Path) -> None:
     try:
         names = [n for n in os.listdir(path.parent) if n.startswith("left-")]

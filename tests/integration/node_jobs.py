@@ -1,5 +1,5 @@
 """`resctl run` jobs of examples/train_ckpt.py on network-namespace nodes (netns_cluster.py), one worker per
-node, held before the first step until the test releases it (`--hold-until`), for the tests of hot spares and of a node's own stop (test_hot_spare.py, test_node_stop.py). Every wait
+node unless told, held before the first step until the test releases it (`--hold-until`), for the tests of hot spares and of a node's own stop (test_hot_spare.py, test_node_stop.py). Every wait
 polls a file (the run's events, a node's console) instead of sleeping."""
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ class Nodes:
     node appends to it)."""
 
     def __init__(self, c: Cluster, tmp: Path, nnodes: str, port: int, steps: int = STEPS,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, nproc: int = 1, options: tuple[str, ...] = (),
+                 script_args: tuple[str, ...] = ()) -> None:
         self.c, self.tmp, self.nnodes, self.port, self.steps = c, tmp, nnodes, port, steps
         self.env = {**ENV, **(env or {})}
+        self.nproc, self.options, self.script_args = nproc, options, script_args  # more `resctl run` options, script's
         self.run_dir = tmp / "run"
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.go = tmp / "go"  # the script's first step waits for it (`release`)
@@ -45,15 +47,15 @@ class Nodes:
         return {e["rank"] for e in self.events() if e["kind"] == "start"}
 
     def start(self, i: int) -> None:
-        args = ["run", "-p", str(LOCAL_PROFILE), "--nproc-per-node", "1",
+        args = ["run", "-p", str(LOCAL_PROFILE), "--nproc-per-node", str(self.nproc),
                 "--set", f"launch.rdzv_endpoint={self.c.addrs[0]}:{self.port}", "--set", f"launch.nnodes={self.nnodes}",
                 "--set", f"launch.local_addr={self.c.addrs[i]}", "--set", f"launch.rdzv_id=t{self.c.tag}",
                 "--rdzv-conf", f"is_host={int(i == 0)},join_timeout=60,last_call_timeout=2",
                 "--set", "heartbeat.timeout=6s", "--set", "launch.max_restarts=3",
                 "--run-dir", str(self.run_dir), "--set", f"checkpoint.dir={self.tmp / 'ckpt'}",
-                "--set", "checkpoint.interval_steps=5",
+                "--set", "checkpoint.interval_steps=5", *self.options,
                 SCRIPT, "--steps", str(self.steps), "--step-time", STEP_TIME, "--out", str(self.tmp / "final.pt"),
-                "--hold-until", str(self.go)]
+                "--hold-until", str(self.go), *self.script_args]
         with open(self.log(i), "ab") as out:
             self.procs[i] = subprocess.Popen([*self.c.exec_prefix(i), sys.executable, "-m", "resctl", *args],
                                              cwd=self.tmp, env={**self.env, "GLOO_SOCKET_IFNAME": self.c.dev(i)},

@@ -32,7 +32,7 @@ STOP_WITHIN = 30
 def _sigterm_node_1_at_step_20(nodes: Nodes) -> float:
     nodes.start(0)
     nodes.start(1)
-    nodes.wait(lambda: nodes.started() == {0, 1}, 120, "the two nodes' workers")
+    nodes.wait(lambda: nodes.started() == set(range(2 * nodes.nproc)), 120, "the two nodes' workers")
     nodes.release()
     nodes.wait(lambda: nodes.top() >= 20, 60, "step 20")
     os.kill(nodes.procs[1].pid, signal.SIGTERM)  # `ip netns exec` execs: this is node 1's `resctl run`
@@ -41,8 +41,9 @@ def _sigterm_node_1_at_step_20(nodes: Nodes) -> float:
 
 def _agreed_stop(nodes: Nodes) -> int:
     stops = {e["rank"]: e for e in nodes.events() if e["kind"] == "stop"}
-    assert {r: e["outcome"] for r, e in stops.items()} == {0: "agreed", 1: "agreed"}, (stops, nodes.consoles())
-    assert stops[0]["step"] == stops[1]["step"] >= 20, stops
+    ranks = range(2 * nodes.nproc)
+    assert {r: e["outcome"] for r, e in stops.items()} == dict.fromkeys(ranks, "agreed"), (stops, nodes.consoles())
+    assert len({stops[r]["step"] for r in ranks}) == 1 and stops[0]["step"] >= 20, stops
     return int(stops[0]["step"])
 
 
@@ -83,3 +84,24 @@ def test_a_node_range_goes_on_without_the_stopped_node(tmp_path: Path) -> None:
     assert [(e["rank"], e["step"]) for e in resumes] == [(0, stop)], "node 0 alone, from the stop step"
     after = [e for e in ev if e["kind"] == "step" and e["t"] > resumes[0]["t"]]
     assert {e["rank"] for e in after} == {0} and max(e["step"] for e in after) == STEPS
+
+
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_a_peer_stop_waits_for_each_local_ranks_final_save(tmp_path: Path, start: str) -> None:
+    """Two workers a node, node 1 SIGTERMed, launch.nnodes = "2". On node 0 the ranks leave on the peer's stop,
+    each after its final save, and rank 0's takes 4 s longer (it writes the replicated state: the largest
+    part): its launcher must not take local rank 1's exit after its save for a failure and stop rank 0 for a
+    restart (0.5 s later, mid-save: the final checkpoint was lost, and the console said every rank saved it).
+    No periodic checkpoint: the final one is the only one, and the next start resumes from it."""
+    with cluster(2) as c:
+        nodes = Nodes(c, tmp_path, "2", PORT, nproc=2, script_args=("--save-time", "0@4"),
+                      options=("--set", "checkpoint.interval_steps=1000", "--set", f"launch.worker_start={start}"))
+        _sigterm_node_1_at_step_20(nodes)
+        codes = nodes.finish([0, 1], 120)
+        assert codes == {0: 143, 1: 143}, nodes.consoles()
+        stop = _agreed_stop(nodes)
+        nodes.start(0)
+        nodes.start(1)
+        codes = nodes.finish([0, 1], 150)
+        assert codes == {0: 0, 1: 0}, nodes.consoles()
+    assert f"[rank 0] resumed from checkpoint step {stop}" in nodes.said(0), nodes.consoles()

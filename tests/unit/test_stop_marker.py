@@ -82,3 +82,26 @@ def test_a_marker_of_another_user_or_behind_a_link_is_not_believed(attacker: Use
             p.unlink()
         if theirs.exists():
             theirs.rmdir()
+
+
+def test_left_workers_are_read_by_pid_and_only_when_this_user_wrote_them(attacker: User) -> None:  # noqa: F811
+    marker = stop.file_for(os.getpid())
+    try:
+        stop.mark_left({stop.ENV: str(marker)}, 4242, stop.PEER)
+        stop.mark_left({stop.ENV: str(marker)}, 4343, stop.OWN)
+        (marker.parent / "left-5151").write_text("something else")  # not a way of leaving: not believed
+        assert stop.left_pids(marker) == {4242, 4343}
+        stop.clear_left(marker)
+        assert stop.left_pids(marker) == set()
+    finally:
+        stop.remove(marker)
+
+
+def test_workers_that_left_on_a_stop_while_others_save_are_no_failure() -> None:
+    left = {10, 11}
+    assert stop.saving_after_a_stop({10: 143, 12: None}, left)  # 10 saved and left; 12 is still saving
+    assert stop.saving_after_a_stop({10: 143, 11: 143, 12: None}, left)
+    assert not stop.saving_after_a_stop({10: 143, 12: 143}, left)  # all gone: the stop is over
+    assert not stop.saving_after_a_stop({10: 143, 13: 1, 12: None}, left)  # 13 failed without leaving
+    assert not stop.saving_after_a_stop({10: None, 12: None}, left)  # nobody gone yet
+    assert not stop.saving_after_a_stop({10: 0, 12: None}, left)  # a clean end is no stop
