@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 
 import pytest
 
 from tests.conftest import REPO
+
+PASS_2 = "(slow or launcher) and not nvrx_independent"
 
 
 def _readme_test_commands() -> list[str]:
@@ -21,7 +24,8 @@ def test_ci_runs_the_readmes_test_commands_on_both_nvrx_versions() -> None:
     commands = _readme_test_commands()
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert len(commands) == 2 and all(c in ci for c in commands), (commands, ci)
-    assert "--expect-nvrx 0.7.0" in commands[1] and '-m "slow or launcher"' in commands[1]
+    assert "--expect-nvrx 0.7.0" in commands[1] and f'-m "{PASS_2}"' in commands[1]
+    assert "--compat-launchers alternate" in commands[1]
     fetch = (REPO / ".ci" / "nvrx07").read_text(encoding="utf-8")
     assert "pip\" download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_39_x86_64" in fetch
 
@@ -35,3 +39,25 @@ def test_a_pass_that_collected_no_tests_fails_ci(pytest_code: int, ci_code: int)
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == ci_code, done.stderr
     assert ("no tests" in done.stderr) is (pytest_code == 5)
+
+
+def test_the_second_pass_keeps_every_launcher_test_and_one_mode_of_each_compat_case() -> None:
+    """What the 0.7.0 pass selects: every launcher unit test file and every job test but those marked
+    nvrx_independent, and each compat case once (under fork or exec) beside its torchrun reference."""
+    from tests.compat.cases import CASES
+    from tests.conftest import LAUNCHER_UNIT_TESTS
+
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          "-m", PASS_2, "--compat-launchers", "alternate"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    assert out.returncode == 0 and ids, out.stdout[-2000:] + out.stderr[-2000:]
+    files = {i.split("::")[0].rsplit("/", 1)[-1] for i in ids}
+    assert LAUNCHER_UNIT_TESTS <= files, LAUNCHER_UNIT_TESTS - files
+    assert {"test_recovery.py", "test_node_stop.py", "test_hot_spare.py", "test_stop_phases.py"} <= files
+    assert not files & {"test_data_position.py", "test_checkpoint_kill.py", "test_memory_rollback.py"}
+    compared = [re.search(r"test_same_as_torchrun\[(\w+)-(fork|exec)\]", i) for i in ids]
+    cases = [m.group(1) for m in compared if m]
+    assert sorted(cases) == sorted(CASES), "each case once"
+    assert {m.group(2) for m in compared if m} == {"fork", "exec"}
+
