@@ -12,11 +12,13 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-NOOP = "import os\nprint('rank', os.environ['RANK'], 'done', flush=True)\n"
-FAIL_ONCE = """import os
+# Each line in one write: with PYTHONUNBUFFERED (CI's environment) print's pieces are separate writes, and two
+# ranks' pieces met on one line once ("rankrank 0 done"), under torchrun as under resctl.
+NOOP = "import os, sys\nsys.stdout.write(f\"rank {os.environ['RANK']} done\\n\")\n"
+FAIL_ONCE = """import os, sys
 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
     raise RuntimeError("boom on purpose")
-print("rank", os.environ["RANK"], "done", flush=True)
+sys.stdout.write(f"rank {os.environ['RANK']} done\\n")
 """
 
 
