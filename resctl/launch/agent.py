@@ -264,7 +264,7 @@ class _ProcessContextSeams:
         node's stop reaches every rank here; a larger shard takes longer): not a failure that stops the rest
         for a restart, which would cut their saves. They get `launch.term_timeout` from the first one gone."""
         stop_file = self.agent.stop_file
-        if stop_file is None or not stop.saving_after_a_stop(_exit_codes(self.pcontext), stop.left_pids(stop_file)):
+        if stop_file is None or not stop.saving_after_a_stop(_exit_codes(self.pcontext), stop_file):
             self._saving_since = None
             return False
         now = time.monotonic()

@@ -125,40 +125,37 @@ def mark_left(env: Mapping[str, str], pid: int, how: str) -> None:
         pass
 
 
-def left(path: Path) -> set[str]:
-    """How this launcher's workers left on a job stop since `clear_left` (files this user made, in the
-    private directory of `file_for`)."""
-    found: set[str] = set()
+def _left(path: Path) -> dict[int, str]:
+    """PID -> how (OWN or PEER) of this launcher's workers that left on a job stop since `clear_left`
+    (files this user made, in the private directory of `file_for`)."""
+    found: dict[int, str] = {}
     try:
         names = [n for n in os.listdir(path.parent) if n.startswith("left-")]
     except OSError:
         return found
     for name in names:
-        data = _trusted(path.parent / name)
-        if data in (OWN.encode(), PEER.encode()):
-            found.add(data.decode())
+        pid, data = name.removeprefix("left-"), _trusted(path.parent / name)
+        if pid.isdigit() and data in (OWN.encode(), PEER.encode()):
+            found[int(pid)] = data.decode()
     return found
+
+
+def left(path: Path) -> set[str]:
+    """How this launcher's workers left on a job stop (OWN, PEER)."""
+    return set(_left(path).values())
 
 
 def left_pids(path: Path) -> set[int]:
-    """The PIDs of this launcher's workers that left on a job stop since `clear_left` (`mark_left`)."""
-    found: set[int] = set()
-    try:
-        names = [n for n in os.listdir(path.parent) if n.startswith("left-")]
-    except OSError:
-        return found
-    for name in names:
-        pid = name.removeprefix("left-")
-        if pid.isdigit() and _trusted(path.parent / name) in (OWN.encode(), PEER.encode()):
-            found.add(int(pid))
-    return found
+    """The PIDs of this launcher's workers that left on a job stop."""
+    return set(_left(path))
 
 
-def saving_after_a_stop(exits: Mapping[int, int | None], left: set[int]) -> bool:
+def saving_after_a_stop(exits: Mapping[int, int | None], path: Path) -> bool:
     """Workers (PID -> exit code, None: running) that left on a job stop and others still saving theirs:
-    some exited non-zero, each of those after leaving on the stop (its final save done), and some still run."""
+    some exited non-zero, each of those after leaving on the stop (its final save done; `path`: the
+    launcher's marker), and some still run. Reads the directory only when some exited non-zero."""
     failed = {pid for pid, code in exits.items() if code not in (0, None)}
-    return bool(failed) and failed <= left and any(code is None for code in exits.values())
+    return bool(failed) and any(code is None for code in exits.values()) and failed <= left_pids(path)
 
 
 def clear_left(path: Path) -> None:

@@ -98,10 +98,15 @@ def test_left_workers_are_read_by_pid_and_only_when_this_user_wrote_them(attacke
 
 
 def test_workers_that_left_on_a_stop_while_others_save_are_no_failure() -> None:
-    left = {10, 11}
-    assert stop.saving_after_a_stop({10: 143, 12: None}, left)  # 10 saved and left; 12 is still saving
-    assert stop.saving_after_a_stop({10: 143, 11: 143, 12: None}, left)
-    assert not stop.saving_after_a_stop({10: 143, 12: 143}, left)  # all gone: the stop is over
-    assert not stop.saving_after_a_stop({10: 143, 13: 1, 12: None}, left)  # 13 failed without leaving
-    assert not stop.saving_after_a_stop({10: None, 12: None}, left)  # nobody gone yet
-    assert not stop.saving_after_a_stop({10: 0, 12: None}, left)  # a clean end is no stop
+    marker = stop.file_for(os.getpid())
+    try:
+        for pid in (10, 11):
+            stop.mark_left({stop.ENV: str(marker)}, pid, stop.PEER)
+        assert stop.saving_after_a_stop({10: 143, 12: None}, marker)  # 10 saved and left; 12 is still saving
+        assert stop.saving_after_a_stop({10: 143, 11: 143, 12: None}, marker)
+        assert not stop.saving_after_a_stop({10: 143, 12: 143}, marker)  # all gone: the stop is over
+        assert not stop.saving_after_a_stop({10: 143, 13: 1, 12: None}, marker)  # 13 failed without leaving
+        assert not stop.saving_after_a_stop({10: None, 12: None}, marker)  # nobody gone yet
+        assert not stop.saving_after_a_stop({10: 0, 12: None}, marker)  # a clean end is no stop
+    finally:
+        stop.remove(marker)
