@@ -113,54 +113,65 @@ OWN, PEER = "own", "peer"
 def mark_left(env: Mapping[str, str], pid: int, how: str) -> None:
     """A worker beginning a job stop records how (OWN or PEER) beside its launcher's restart-stop marker,
     for the launcher to read after the workers have left (`left`); best effort, like the marker."""
+    _mark(env, f"left-{pid}", how)
+
+
+def _mark(env: Mapping[str, str], name: str, content: str) -> None:
     path = env.get(ENV)
     if not path:
         return
-    target = Path(path).with_name(f"left-{pid}")
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(Path(path).with_name(name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(how)
+            fh.write(content)
     except OSError:
         pass
 
 
-def _left(path: Path) -> dict[int, str]:
-    """PID -> how (OWN or PEER) of this launcher's workers that left on a job stop since `clear_left`
-    (files this user made, in the private directory of `file_for`)."""
+#: What a worker saving the job stop's final checkpoint writes in its `saving-<pid>` file (`mark_saving`).
+SAVING = "saving"
+
+
+def mark_saving(env: Mapping[str, str], pid: int) -> None:
+    """A worker beginning the job stop's final save says so (`saving_after_a_stop`); best effort."""
+    _mark(env, f"saving-{pid}", SAVING)
+
+
+def _marks(path: Path, prefix: str, allowed: tuple[str, ...]) -> dict[int, str]:
+    """PID -> content of this launcher's workers' `<prefix><pid>` files since `clear_left` (files this
+    user made, in the private directory of `file_for`, holding one of `allowed`)."""
     found: dict[int, str] = {}
     try:
-        names = [n for n in os.listdir(path.parent) if n.startswith("left-")]
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix)]
     except OSError:
         return found
     for name in names:
-        pid, data = name.removeprefix("left-"), _trusted(path.parent / name)
-        if pid.isdigit() and data in (OWN.encode(), PEER.encode()):
+        pid, data = name.removeprefix(prefix), _trusted(path.parent / name)
+        if pid.isdigit() and data is not None and data.decode("ascii", "replace") in allowed:
             found[int(pid)] = data.decode()
     return found
 
 
 def left(path: Path) -> set[str]:
     """How this launcher's workers left on a job stop (OWN, PEER)."""
-    return set(_left(path).values())
-
-
-def left_pids(path: Path) -> set[int]:
-    """The PIDs of this launcher's workers that left on a job stop."""
-    return set(_left(path))
+    return set(_marks(path, "left-", (OWN, PEER)).values())
 
 
 def saving_after_a_stop(exits: Mapping[int, int | None], path: Path) -> bool:
-    """Workers (PID -> exit code, None: running) that left on a job stop and others still saving theirs:
-    some exited non-zero, each of those after leaving on the stop (its final save done; `path`: the
-    launcher's marker), and some still run. Reads the directory only when some exited non-zero."""
+    """Workers (PID -> exit code, None: running) that left on a job stop while others still save its final
+    checkpoint: some exited non-zero, each of those after leaving on the stop, and some still running said
+    they are saving (`mark_saving`; `path`: the launcher's marker). Reads the directory only when some
+    exited non-zero and some still run."""
     failed = {pid for pid, code in exits.items() if code not in (0, None)}
-    return bool(failed) and any(code is None for code in exits.values()) and failed <= left_pids(path)
+    running = {pid for pid, code in exits.items() if code is None}
+    return bool(failed and running) and failed <= set(_marks(path, "left-", (OWN, PEER))) and \
+        bool(running & set(_marks(path, "saving-", (SAVING,))))
 
 
 def clear_left(path: Path) -> None:
+    """The `left-` and `saving-` files go (a new cycle of workers)."""
     try:
-        names = [n for n in os.listdir(path.parent) if n.startswith("left-")]
+        names = [n for n in os.listdir(path.parent) if n.startswith(("left-", "saving-"))]
     except OSError:
         return
     for name in names:

@@ -319,6 +319,7 @@ class Shim:
             self._stopping = True
         ckpt = self.checkpointer
         assert ckpt is not None  # only a rank that stops at a boundary (stops_at_boundary) gets here
+        _mark_saving()  # a local peer that leaves first is no failure to the launcher while this one saves
         self._stop_deadline = since + self.profile.checkpoint.sigterm_grace
         ckpt.request_final_save(deadline=self._stop_deadline)
         # Read after the request: the training thread sees the request at this boundary + 1 or sooner.
@@ -522,6 +523,13 @@ def _mark_left(peer: bool) -> None:
     from resctl.launch import stop
 
     stop.mark_left(os.environ, os.getpid(), stop.PEER if peer else stop.OWN)
+
+
+def _mark_saving() -> None:
+    """Tell this worker's launcher that it is saving the job stop's final checkpoint."""
+    from resctl.launch import stop
+
+    stop.mark_saving(os.environ, os.getpid())
 
 
 def main(argv: list[str]) -> int:

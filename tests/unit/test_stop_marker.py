@@ -90,9 +90,12 @@ def test_left_workers_are_read_by_pid_and_only_when_this_user_wrote_them(attacke
         stop.mark_left({stop.ENV: str(marker)}, 4242, stop.PEER)
         stop.mark_left({stop.ENV: str(marker)}, 4343, stop.OWN)
         (marker.parent / "left-5151").write_text("something else")  # not a way of leaving: not believed
-        assert stop.left_pids(marker) == {4242, 4343}
+        stop.mark_saving({stop.ENV: str(marker)}, 4242)
+        assert stop.left(marker) == {stop.OWN, stop.PEER}
+        assert stop.saving_after_a_stop({4343: 143, 4242: None}, marker)
+        assert not stop.saving_after_a_stop({5151: 143, 4242: None}, marker)  # 5151 is not believed to have left
         stop.clear_left(marker)
-        assert stop.left_pids(marker) == set()
+        assert stop.left(marker) == set() and not stop.saving_after_a_stop({4343: 143, 4242: None}, marker)
     finally:
         stop.remove(marker)
 
@@ -100,13 +103,17 @@ def test_left_workers_are_read_by_pid_and_only_when_this_user_wrote_them(attacke
 def test_workers_that_left_on_a_stop_while_others_save_are_no_failure() -> None:
     marker = stop.file_for(os.getpid())
     try:
-        for pid in (10, 11):
+        for pid in (10, 11, 12):
             stop.mark_left({stop.ENV: str(marker)}, pid, stop.PEER)
+        stop.mark_saving({stop.ENV: str(marker)}, 12)
         assert stop.saving_after_a_stop({10: 143, 12: None}, marker)  # 10 saved and left; 12 is still saving
         assert stop.saving_after_a_stop({10: 143, 11: 143, 12: None}, marker)
         assert not stop.saving_after_a_stop({10: 143, 12: 143}, marker)  # all gone: the stop is over
         assert not stop.saving_after_a_stop({10: 143, 13: 1, 12: None}, marker)  # 13 failed without leaving
         assert not stop.saving_after_a_stop({10: None, 12: None}, marker)  # nobody gone yet
         assert not stop.saving_after_a_stop({10: 0, 12: None}, marker)  # a clean end is no stop
+        # A rank with no step boundary (no checkpointing) leaves on the stop but saves nothing: a SIGTERM to
+        # one such worker fails the job at once, as under torchrun (compat case sig_term_default).
+        assert not stop.saving_after_a_stop({10: 143, 11: None}, marker)
     finally:
         stop.remove(marker)
