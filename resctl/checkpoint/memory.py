@@ -149,12 +149,14 @@ class MemoryTier:
         specs, total = fmt.plan_stream(tensors)
         slot = self._slots[k]
         self._last = k
-        if slot.would_cut(total):  # the state changed size: slot k's older snapshot goes now, not at the commit
+        pin = cuda is not None
+        if not slot.ready(total, pin) and slot.would_cut(total):  # the state changed size: slot k's older
+            # snapshot goes now, not at the commit (a slot mapped for this size already needs no look at its files)
             if device_staged:
                 self._wait_commit()  # as the commit would: after the newest one has landed
                 self._wait_pin(k)
             self._invalidate(k)
-        view = slot.buffer(total, pin=cuda is not None)
+        view = slot.buffer(total, pin=pin)
         if not device_staged:
             self._invalidate(k)
         with self.replicator.paused() if self.replicator is not None else contextlib.nullcontext():
