@@ -84,8 +84,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     version = installed_nvrx()
     series = series_for(version) if version != "none" else ""
-    if config.getoption("--compat-launchers") == "alternate":
-        _one_mode_per_compat_case(config, items)
+    if config.getoption("--start-modes") == "alternate":
+        _one_start_mode_per_test(config, items)
     for item in items:
         if item.path.name in LAUNCHER_UNIT_TESTS:
             item.add_marker(pytest.mark.launcher)
@@ -94,19 +94,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"NVRx {version} is series {series}; this test is for {wanted.args}"))
 
 
-def _one_mode_per_compat_case(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect each compat case's comparison under the start mode it does not get (tests.compat.cases)."""
-    from tests.compat.cases import alternate_mode
+#: resctl's start modes, and the parameter names a test gives them (a test may also run torchrun beside them).
+START_MODES, START_MODE_PARAMS = ("fork", "exec"), ("launcher", "worker_start", "start", "how")
+
+
+def _start_mode(item: pytest.Item) -> tuple[str | None, tuple[object, ...]]:
+    """(the resctl start mode the item runs under, the item less that mode), or (None, ()) for another item."""
+    params = getattr(item, "callspec", None) and item.callspec.params  # type: ignore[attr-defined]
+    for name in START_MODE_PARAMS:
+        if params and params.get(name) in START_MODES:
+            rest = tuple(sorted((key, repr(value)) for key, value in params.items() if key != name))
+            return params[name], (str(item.path), item.originalname, rest)  # type: ignore[attr-defined]
+    return None, ()
+
+
+def _one_start_mode_per_test(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--start-modes alternate`: each test that runs under both resctl start modes keeps one of them, fork and
+    exec in turn in collection order (every compat case, each phase of the stop drill, each kill drill), so each
+    mode meets half of them; a torchrun run beside them, or a test under one mode only, stays."""
+    modes: dict[tuple[object, ...], set[str]] = {}
+    for item in items:
+        mode, rest = _start_mode(item)
+        if mode is not None:
+            modes.setdefault(rest, set()).add(mode)
+    both = [rest for rest, present in modes.items() if len(present) > 1]
+    keep = {rest: START_MODES[i % 2] for i, rest in enumerate(both)}  # dicts keep collection order
 
     def other_mode(item: pytest.Item) -> bool:
-        params = getattr(item, "callspec", None) and item.callspec.params  # type: ignore[attr-defined]
-        return bool(params) and item.path.name == "test_compat.py" and "case" in params and \
-            params.get("launcher") not in (None, alternate_mode(params["case"]))
+        mode, rest = _start_mode(item)
+        return rest in keep and mode != keep[rest]
 
-    dropped = [item for item in items if other_mode(item)]
+    dropped = {item for item in items if other_mode(item)}
     if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if not other_mode(item)]
+        config.hook.pytest_deselected(items=[item for item in items if item in dropped])
+        items[:] = [item for item in items if item not in dropped]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -116,9 +137,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run every job with this launch.rendezvous (RESCTL_LAUNCH_RENDEZVOUS, set after the "
                           "isolation below): nvrx runs the multi-node tests against NVRx's own (the opt-out); "
                           "resctl's is the default (issues 25, 30)")
-    parser.addoption("--compat-launchers", choices=("both", "alternate"), default="both",
-                     help="the compat suite's resctl start modes: both for every case, or one per case, fork and "
-                          "exec in turn (CI's NVRx 0.7.0 pass: the 0.4.1 pass compares both)")
+    parser.addoption("--start-modes", choices=("both", "alternate"), default="both",
+                     help="resctl's start modes in the tests that run both (the compat suite, the stop and kill "
+                          "drills): both, or one per test, fork and exec in turn (CI's NVRx 0.7.0 pass: the "
+                          "0.4.1 pass runs both)")
 
 
 @pytest.fixture(autouse=True)

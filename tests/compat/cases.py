@@ -125,8 +125,3 @@ _CASES = [
 ]
 CASES: dict[str, Case] = {c.name: c for c in _CASES}
 
-
-def alternate_mode(name: str) -> str:
-    """The one resctl start mode a case runs under with `--compat-launchers alternate` (CI's NVRx 0.7.0 pass):
-    fork and exec in turn down the list, so each mode meets half of the cases on that version."""
-    return ("fork", "exec")[list(CASES).index(name) % 2]

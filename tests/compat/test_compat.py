@@ -32,7 +32,7 @@ JOBS = int(os.environ.get("RESCTL_COMPAT_JOBS", "3"))
 
 
 def _params() -> list[Any]:
-    """Each case under each resctl start mode (`--compat-launchers alternate` keeps one of them per case:
+    """Each case under each resctl start mode (`--start-modes alternate` keeps one of them per case:
     tests/conftest.py)."""
     params = []
     for name in CASES:

@@ -25,7 +25,7 @@ def test_ci_runs_the_readmes_test_commands_on_both_nvrx_versions() -> None:
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert len(commands) == 2 and all(c in ci for c in commands), (commands, ci)
     assert "--expect-nvrx 0.7.0" in commands[1] and f'-m "{PASS_2}"' in commands[1]
-    assert "--compat-launchers alternate" in commands[1]
+    assert "--start-modes alternate" in commands[1]
     fetch = (REPO / ".ci" / "nvrx07").read_text(encoding="utf-8")
     assert "pip\" download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_39_x86_64" in fetch
 
@@ -41,14 +41,16 @@ def test_a_pass_that_collected_no_tests_fails_ci(pytest_code: int, ci_code: int)
     assert ("no tests" in done.stderr) is (pytest_code == 5)
 
 
-def test_the_second_pass_keeps_every_launcher_test_and_one_mode_of_each_compat_case() -> None:
+def test_the_second_pass_keeps_every_launcher_test_and_one_start_mode_of_each_test() -> None:
     """What the 0.7.0 pass selects: every launcher unit test file and every job test but those marked
-    nvrx_independent, and each compat case once (under fork or exec) beside its torchrun reference."""
+    nvrx_independent; each compat case once (under fork or exec) beside its torchrun reference, each phase of
+    the stop drill once, and both modes over the tests that run both in pass 1."""
     from tests.compat.cases import CASES
     from tests.conftest import LAUNCHER_UNIT_TESTS
+    from tests.integration.test_stop_phases import PHASES
 
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
-                          "-m", PASS_2, "--compat-launchers", "alternate"], cwd=REPO, capture_output=True, text=True,
+                          "-m", PASS_2, "--start-modes", "alternate"], cwd=REPO, capture_output=True, text=True,
                          timeout=300)
     ids = [line for line in out.stdout.splitlines() if "::" in line]
     assert out.returncode == 0 and ids, out.stdout[-2000:] + out.stderr[-2000:]
@@ -60,4 +62,7 @@ def test_the_second_pass_keeps_every_launcher_test_and_one_mode_of_each_compat_c
     cases = [m.group(1) for m in compared if m]
     assert sorted(cases) == sorted(CASES), "each case once"
     assert {m.group(2) for m in compared if m} == {"fork", "exec"}
-
+    phases = [re.search(r"test_stop_phases.py::\w+\[(\w+)-(fork|exec)\]", i) for i in ids]
+    assert sorted(m.group(1) for m in phases if m) == sorted(PHASES), "each phase once"
+    modes = [m.group(1) for m in (re.search(r"\[(?:\w+-)?(fork|exec)\]$", i) for i in ids if "compat" not in i) if m]
+    assert abs(modes.count("fork") - modes.count("exec")) <= 2, modes
