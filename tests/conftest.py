@@ -54,10 +54,27 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTHONPATH"):
         os.environ["PYTHONPATH"] = os.pathsep.join(
             os.path.abspath(entry) if entry else entry for entry in os.environ["PYTHONPATH"].split(os.pathsep))
+    if not hasattr(config, "workerinput"):  # once, in the process that starts pytest's workers
+        _byte_compile_the_launched_sources()
     expected = config.getoption("--expect-nvrx")
     if expected and installed_nvrx() != expected:
         raise pytest.UsageError(f"--expect-nvrx {expected}: Python imports NVRx {installed_nvrx()} "
                                 "(put NVRx 0.7.0 first on PYTHONPATH: .ci/nvrx07 DIR; PYTHONPATH=DIR/src:DIR/deps)")
+
+
+def _byte_compile_the_launched_sources() -> None:
+    """Write the bytecode of resctl (an editable install: pip compiles none of it) and of the NVRx Python imports
+    (CI's 0.7.0 is an unzipped wheel: none either) before any test starts a process. Where PYTHONDONTWRITEBYTECODE
+    is set (CI's and this machine's shells), every launcher, worker and CLI the suite starts would otherwise compile
+    them again from source: ~0.1 s a worker, ~0.3 s a launcher on 0.7.0, thousands of processes a run. A stale
+    file is recompiled by Python itself (the timestamps are checked at import)."""
+    import compileall
+
+    import nvidia_resiliency_ext
+
+    for root in (REPO / "resctl", *(Path(p) for p in nvidia_resiliency_ext.__path__)):
+        if os.access(root, os.W_OK):
+            compileall.compile_dir(root, quiet=2)
 
 
 #: The end of each failure's report, printed again as the session's last words (after pytest's short summary,
@@ -84,8 +101,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     version = installed_nvrx()
     series = series_for(version) if version != "none" else ""
-    if config.getoption("--start-modes") == "alternate":
-        _one_start_mode_per_test(config, items)
+    _one_start_mode_per_test(config, items)
     for item in items:
         if item.path.name in LAUNCHER_UNIT_TESTS:
             item.add_marker(pytest.mark.launcher)
@@ -109,16 +125,26 @@ def _start_mode(item: pytest.Item) -> tuple[str | None, tuple[object, ...]]:
 
 
 def _one_start_mode_per_test(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`--start-modes alternate`: each test that runs under both resctl start modes keeps one of them, fork and
-    exec in turn in collection order (every compat case, each phase of the stop drill, each kill drill), so each
-    mode meets half of them; a torchrun run beside them, or a test under one mode only, stays."""
+    """Each test that runs under both resctl start modes keeps one of them, fork and exec in turn in collection
+    order, where the options ask it: `--compat-modes fork-first|exec-first` for the compat cases (CI's two
+    passes take opposite turns: between them every case meets both modes, each on one NVRx version),
+    `--start-modes alternate` for the other tests (each phase of the stop drill, each kill drill, ...). A torchrun
+    run beside them, or a test under one mode only, stays."""
+    compat_turn = {"fork-first": 0, "exec-first": 1}.get(config.getoption("--compat-modes"))
+    others_turn = 0 if config.getoption("--start-modes") == "alternate" else None
     modes: dict[tuple[object, ...], set[str]] = {}
     for item in items:
         mode, rest = _start_mode(item)
         if mode is not None:
             modes.setdefault(rest, set()).add(mode)
-    both = [rest for rest, present in modes.items() if len(present) > 1]
-    keep = {rest: START_MODES[i % 2] for i, rest in enumerate(both)}  # dicts keep collection order
+    keep: dict[tuple[object, ...], str] = {}
+    counted = {True: 0, False: 0}  # compat tests, other tests
+    for rest, present in modes.items():  # dicts keep collection order
+        compat = str(rest[0]).endswith("test_compat.py")
+        turn = compat_turn if compat else others_turn
+        if turn is not None and len(present) > 1:
+            keep[rest] = START_MODES[(turn + counted[compat]) % 2]
+            counted[compat] += 1
 
     def other_mode(item: pytest.Item) -> bool:
         mode, rest = _start_mode(item)
@@ -138,9 +164,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "isolation below): nvrx runs the multi-node tests against NVRx's own (the opt-out); "
                           "resctl's is the default (issues 25, 30)")
     parser.addoption("--start-modes", choices=("both", "alternate"), default="both",
-                     help="resctl's start modes in the tests that run both (the compat suite, the stop and kill "
-                          "drills): both, or one per test, fork and exec in turn (CI's NVRx 0.7.0 pass: the "
-                          "0.4.1 pass runs both)")
+                     help="resctl's start modes in the tests besides the compat suite that run both (the stop "
+                          "and kill drills, ...): both, or one per test, fork and exec in turn (CI's NVRx 0.7.0 "
+                          "pass; its 0.4.1 pass runs both)")
+    parser.addoption("--compat-modes", choices=("both", "fork-first", "exec-first"), default="both",
+                     help="the compat suite's resctl start modes: both for every case, or one per case, fork and "
+                          "exec in turn from the first case's (CI's passes take fork-first on NVRx 0.4.1 and "
+                          "exec-first on 0.7.0: between them every case meets both modes)")
 
 
 @pytest.fixture(autouse=True)
