@@ -102,12 +102,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     version = installed_nvrx()
     series = series_for(version) if version != "none" else ""
     _one_start_mode_per_test(config, items)
+    _heaviest_files_first(items)
     for item in items:
         if item.path.name in LAUNCHER_UNIT_TESTS:
             item.add_marker(pytest.mark.launcher)
         wanted = item.get_closest_marker("nvrx_series")
         if wanted is not None and series not in wanted.args:
             item.add_marker(pytest.mark.skip(reason=f"NVRx {version} is series {series}; this test is for {wanted.args}"))
+
+
+#: The heaviest test files, seconds of test time in pass 1 (`pytest --durations=0`, 2-core dev VM, 2026-12-05;
+#: the compat suite's after ffb20f4's turns). xdist hands out whole files in collection order
+#: (`--no-loadscope-reorder` in pyproject.toml; its default order is by number of tests), so these start first,
+#: heaviest first, and the short files fill in behind them: a long file handed out last ran alone at the end of a
+#: pass while the other workers idled (the engine's kill drill: 31 % of the CPU idle in CI's last minutes).
+HEAVY_FILES = {
+    "compat/test_compat.py": 750, "integration/test_recovery.py": 424, "integration/test_data_position.py": 388,
+    "integration/test_run.py": 273, "integration/test_stop_phases.py": 175, "unit/test_checkpoint_memory.py": 168,
+    "integration/test_node_stop.py": 167, "integration/test_slurm_kit.py": 144, "integration/test_stop_step.py": 129,
+    "integration/test_hot_spare.py": 103, "integration/test_zero_edit_report.py": 97, "cli/test_cli.py": 93,
+    "unit/test_checkpoint_replica.py": 86, "integration/test_quick_stop.py": 83, "unit/test_two_tier_run.py": 80,
+    "unit/test_report_html.py": 66, "integration/test_stragglers_ddp.py": 65, "cli/test_fuzz_events.py": 63,
+    "integration/test_multihost.py": 62, "integration/test_cluster_preflight.py": 61,
+    "integration/test_owned_rdzv.py": 59, "integration/test_checkpoint_kill.py": 57,
+    "integration/test_memory_rollback.py": 56, "unit/test_data_position.py": 55,
+}
+
+
+def _heaviest_files_first(items: list[pytest.Item]) -> None:
+    """HEAVY_FILES first, heaviest first; the other files after them in collection order; each file's tests in
+    their own order."""
+    tests = REPO / "tests"
+    first_seen: dict[Path, int] = {}
+    for i, item in enumerate(items):
+        first_seen.setdefault(item.path, i)
+
+    def weight(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        return -HEAVY_FILES.get(name, 0), first_seen[item.path]
+
+    items.sort(key=weight)
 
 
 #: resctl's start modes, and the parameter names a test gives them (a test may also run torchrun beside them).
@@ -125,13 +159,14 @@ def _start_mode(item: pytest.Item) -> tuple[str | None, tuple[object, ...]]:
 
 
 def _one_start_mode_per_test(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test that runs under both resctl start modes keeps one of them, fork and exec in turn in collection
-    order, where the options ask it: `--compat-modes fork-first|exec-first` for the compat cases (CI's two
-    passes take opposite turns: between them every case meets both modes, each on one NVRx version),
-    `--start-modes alternate` for the other tests (each phase of the stop drill, each kill drill, ...). A torchrun
-    run beside them, or a test under one mode only, stays."""
-    compat_turn = {"fork-first": 0, "exec-first": 1}.get(config.getoption("--compat-modes"))
-    others_turn = 0 if config.getoption("--start-modes") == "alternate" else None
+    """`--start-modes fork-first|exec-first`: each test that runs under both resctl start modes (every compat
+    case, each phase of the stop drill, each kill drill, ...) keeps one of them, fork and exec in turn in
+    collection order from the given one, the compat cases and the other tests each in their own turn. CI's two
+    passes take opposite turns: between them every such test meets both modes, each on one NVRx version. A
+    torchrun run beside them, or a test under one mode only, stays."""
+    first = {"fork-first": 0, "exec-first": 1}.get(config.getoption("--start-modes"))
+    if first is None:
+        return
     modes: dict[tuple[object, ...], set[str]] = {}
     for item in items:
         mode, rest = _start_mode(item)
@@ -140,10 +175,9 @@ def _one_start_mode_per_test(config: pytest.Config, items: list[pytest.Item]) ->
     keep: dict[tuple[object, ...], str] = {}
     counted = {True: 0, False: 0}  # compat tests, other tests
     for rest, present in modes.items():  # dicts keep collection order
-        compat = str(rest[0]).endswith("test_compat.py")
-        turn = compat_turn if compat else others_turn
-        if turn is not None and len(present) > 1:
-            keep[rest] = START_MODES[(turn + counted[compat]) % 2]
+        if len(present) > 1:
+            compat = str(rest[0]).endswith("test_compat.py")
+            keep[rest] = START_MODES[(first + counted[compat]) % 2]
             counted[compat] += 1
 
     def other_mode(item: pytest.Item) -> bool:
@@ -163,15 +197,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run every job with this launch.rendezvous (RESCTL_LAUNCH_RENDEZVOUS, set after the "
                           "isolation below): nvrx runs the multi-node tests against NVRx's own (the opt-out); "
                           "resctl's is the default (issues 25, 30)")
-    parser.addoption("--start-modes", choices=("both", "alternate"), default="both",
-                     help="resctl's start modes in the tests besides the compat suite that run both (the stop "
-                          "and kill drills, ...): both, or one per test, fork and exec in turn (CI's NVRx 0.7.0 "
-                          "pass; its 0.4.1 pass runs both)")
-    parser.addoption("--compat-modes", choices=("both", "fork-first", "exec-first"), default="both",
-                     help="the compat suite's resctl start modes: both for every case, or one per case, fork and "
-                          "exec in turn from the first case's (CI's passes take fork-first on NVRx 0.4.1 and "
-                          "exec-first on 0.7.0: between them every case meets both modes)")
-
+    parser.addoption("--start-modes", choices=("both", "fork-first", "exec-first"), default="both",
+                     help="resctl's start modes in the tests that run both (the compat cases, the stop and kill "
+                          "drills, ...): both, or one per test, fork and exec in turn from the given one (CI's "
+                          "passes: fork-first on NVRx 0.4.1, exec-first on 0.7.0; between them every such test "
+                          "meets both modes)")
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.FixtureRequest) -> None:

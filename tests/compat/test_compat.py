@@ -2,7 +2,7 @@
 workers) and `resctl run --set launch.worker_start=exec`, 2 workers on CPU, compared line by line
 and fact by fact with torchrun's run (tests/compat/runner.py says how).
 
-CI compares each case under one start mode a pass, the passes in opposite turns (`--compat-modes`:
+CI compares each case under one start mode a pass, the passes in opposite turns (`--start-modes`:
 tests/conftest.py). All selected cases are launched once, up front, RESCTL_COMPAT_JOBS (default 3) launches at a time;
 each test then compares. A known difference is xfail(strict) from tests/compat/expected.py: when it
 is fixed the test XPASSes and fails the run until its entry is removed.
@@ -33,7 +33,7 @@ JOBS = int(os.environ.get("RESCTL_COMPAT_JOBS", "3"))
 
 
 def _params() -> list[Any]:
-    """Each case under each resctl start mode (`--start-modes alternate` keeps one of them per case:
+    """Each case under each resctl start mode (`--start-modes fork-first|exec-first` keeps one of them per case:
     tests/conftest.py)."""
     params = []
     for name in CASES:

@@ -25,8 +25,8 @@ def test_ci_runs_the_readmes_test_commands_on_both_nvrx_versions() -> None:
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert len(commands) == 2 and all(c in ci for c in commands), (commands, ci)
     assert "--expect-nvrx 0.7.0" in commands[1] and f'-m "{PASS_2}"' in commands[1]
-    assert "--start-modes alternate --compat-modes exec-first" in commands[1]
-    assert commands[0].endswith("-m pytest --compat-modes fork-first")
+    assert "--start-modes exec-first" in commands[1]
+    assert commands[0].endswith("-m pytest --start-modes fork-first")
     fetch = (REPO / ".ci" / "nvrx07").read_text(encoding="utf-8")
     assert "pip\" download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_39_x86_64" in fetch
 
@@ -51,7 +51,7 @@ def test_the_second_pass_keeps_every_launcher_test_and_one_start_mode_of_each_te
     from tests.integration.test_stop_phases import PHASES
 
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
-                          "-m", PASS_2, "--start-modes", "alternate", "--compat-modes", "exec-first"], cwd=REPO, capture_output=True, text=True,
+                          "-m", PASS_2, "--start-modes", "exec-first"], cwd=REPO, capture_output=True, text=True,
                          timeout=300)
     ids = [line for line in out.stdout.splitlines() if "::" in line]
     assert out.returncode == 0 and ids, out.stdout[-2000:] + out.stderr[-2000:]
@@ -69,16 +69,29 @@ def test_the_second_pass_keeps_every_launcher_test_and_one_start_mode_of_each_te
     assert abs(modes.count("fork") - modes.count("exec")) <= 2, modes
 
 
-def test_the_two_passes_compare_each_compat_case_under_opposite_start_modes() -> None:
-    """Pass 1 (fork-first) and pass 2 (exec-first): each case under one mode a pass, and between them under both."""
+def test_the_two_passes_run_each_test_under_opposite_start_modes() -> None:
+    """Pass 1 (fork-first) and pass 2 (exec-first): each compat case and stop-drill phase under one mode a pass,
+    and between them under both."""
     from tests.compat.cases import CASES
+    from tests.integration.test_stop_phases import PHASES
 
     def compared(*options: str) -> set[tuple[str, str]]:
         out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
-                              *options, "tests/compat"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                              *options, "tests/compat", "tests/integration/test_stop_phases.py"], cwd=REPO, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-        return set(re.findall(r"test_same_as_torchrun\[(\w+)-(fork|exec)\]", out.stdout))
+        return set(re.findall(r"(?:test_same_as_torchrun|test_a_sigterm_in_any_phase\w+)\[(\w+)-(fork|exec)\]",
+                              out.stdout))
 
-    first, second = compared("--compat-modes", "fork-first"), compared("-m", PASS_2, "--compat-modes", "exec-first")
-    assert len(first) == len(second) == len(CASES) and not first & second
-    assert first | second == {(case, mode) for case in CASES for mode in ("fork", "exec")}
+    first = compared("--start-modes", "fork-first")
+    second = compared("-m", PASS_2, "--start-modes", "exec-first")
+    everything = {(name, mode) for name in (*CASES, *PHASES) for mode in ("fork", "exec")}
+    assert len(first) == len(second) == len(everything) // 2 and not first & second
+    assert first | second == everything
+
+
+def test_each_heavy_file_named_for_the_schedule_exists() -> None:
+    """A renamed or removed file would silently lose its place at the front of the workers' queue."""
+    from tests.conftest import HEAVY_FILES
+
+    assert [name for name in HEAVY_FILES if not (REPO / "tests" / name).is_file()] == []
+    assert list(HEAVY_FILES.values()) == sorted(HEAVY_FILES.values(), reverse=True)
