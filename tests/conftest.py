@@ -112,7 +112,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: The heaviest test files, seconds of test time in pass 1 (`pytest --durations=0`, 2-core dev VM, 2026-12-05;
-#: the compat suite's after ffb20f4's turns). xdist hands out whole files in collection order
+#: the compat suite's 1,145 s scaled to the two thirds of its launches left after ffb20f4's turns). xdist hands out whole files in collection order
 #: (`--no-loadscope-reorder` in pyproject.toml; its default order is by number of tests), so these start first,
 #: heaviest first, and the short files fill in behind them: a long file handed out last ran alone at the end of a
 #: pass while the other workers idled (the engine's kill drill: 31 % of the CPU idle in CI's last minutes).
@@ -167,9 +167,9 @@ def _one_start_mode_per_test(config: pytest.Config, items: list[pytest.Item]) ->
     first = {"fork-first": 0, "exec-first": 1}.get(config.getoption("--start-modes"))
     if first is None:
         return
+    found = {item: _start_mode(item) for item in items}  # item -> (its mode, the item less its mode)
     modes: dict[tuple[object, ...], set[str]] = {}
-    for item in items:
-        mode, rest = _start_mode(item)
+    for mode, rest in found.values():
         if mode is not None:
             modes.setdefault(rest, set()).add(mode)
     keep: dict[tuple[object, ...], str] = {}
@@ -180,14 +180,11 @@ def _one_start_mode_per_test(config: pytest.Config, items: list[pytest.Item]) ->
             keep[rest] = START_MODES[(first + counted[compat]) % 2]
             counted[compat] += 1
 
-    def other_mode(item: pytest.Item) -> bool:
-        mode, rest = _start_mode(item)
-        return rest in keep and mode != keep[rest]
-
-    dropped = {item for item in items if other_mode(item)}
+    dropped = [item for item, (mode, rest) in found.items() if rest in keep and mode != keep[rest]]
     if dropped:
-        config.hook.pytest_deselected(items=[item for item in items if item in dropped])
-        items[:] = [item for item in items if item not in dropped]
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(dropped)
+        items[:] = [item for item in items if item not in gone]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -202,6 +199,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "drills, ...): both, or one per test, fork and exec in turn from the given one (CI's "
                           "passes: fork-first on NVRx 0.4.1, exec-first on 0.7.0; between them every such test "
                           "meets both modes)")
+
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.FixtureRequest) -> None:

@@ -3,8 +3,8 @@ workers) and `resctl run --set launch.worker_start=exec`, 2 workers on CPU, comp
 and fact by fact with torchrun's run (tests/compat/runner.py says how).
 
 CI compares each case under one start mode a pass, the passes in opposite turns (`--start-modes`:
-tests/conftest.py). All selected cases are launched once, up front, RESCTL_COMPAT_JOBS (default 3) launches at a time;
-each test then compares. A known difference is xfail(strict) from tests/compat/expected.py: when it
+tests/conftest.py). All selected cases are launched once, up front, RESCTL_COMPAT_JOBS (default 3)
+launches at a time; each test then compares. A known difference is xfail(strict) from tests/compat/expected.py: when it
 is fixed the test XPASSes and fails the run until its entry is removed.
 
     .venv/bin/python -m pytest tests/compat -q                      # the whole suite (slow)

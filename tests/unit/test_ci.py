@@ -77,7 +77,8 @@ def test_the_two_passes_run_each_test_under_opposite_start_modes() -> None:
 
     def compared(*options: str) -> set[tuple[str, str]]:
         out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
-                              *options, "tests/compat", "tests/integration/test_stop_phases.py"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                              *options, "tests/compat", "tests/integration/test_stop_phases.py"],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         return set(re.findall(r"(?:test_same_as_torchrun|test_a_sigterm_in_any_phase\w+)\[(\w+)-(fork|exec)\]",
                               out.stdout))
