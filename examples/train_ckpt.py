@@ -147,7 +147,7 @@ def main() -> None:
         state["slow"] = SlowToSave(float(slow_seconds) if int(slow_rank) == rank else 0.0)
     start = checkpoint.load(state)
     if start:
-        print(f"[rank {rank}] resumed from checkpoint step {start}", flush=True)
+        print(f"[rank {rank}] resumed from checkpoint step {start}\n", end="", flush=True)  # one write per line
 
     while args.hold_until and not start and not os.path.exists(args.hold_until):
         time.sleep(0.05)

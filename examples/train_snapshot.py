@@ -49,7 +49,9 @@ def main() -> None:
         model.module.load_state_dict(snap["model"])
         opt.load_state_dict(snap["optim"])
         start = snap["step"]
-        print(f"[rank {rank}] resumed from {args.snapshot} at step {start}", flush=True)
+        # one write per line: under PYTHONUNBUFFERED print writes the text and the newline apart, and two ranks
+        # resuming at once ran their lines together on the console
+        print(f"[rank {rank}] resumed from {args.snapshot} at step {start}\n", end="", flush=True)
     if args.fail_always:
         raise RuntimeError("this job is broken on purpose (--fail-always)")
 
