@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import events, finish, start
+from tests.integration.jobs import events, finish, start, torchrun
 from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -78,10 +78,9 @@ def test_a_rank_40ms_slower_in_a_ddp_loop_is_named_on_the_console_and_in_the_rep
 
     # The same script under torchrun: the same weights (the timed hook is DDP's own all-reduce).
     torch_weights = tmp_path / "torchrun.weights"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(free_port()), str(tmp_path / "ddp_loop.py"), str(torch_weights)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "SLOW_RANK": "1", "OMP_NUM_THREADS": "1"})
+    done = torchrun(["--nproc-per-node", "2", "--master-port", str(free_port()), str(tmp_path / "ddp_loop.py"),
+                     str(torch_weights)], cwd=tmp_path, timeout=300,
+                    env={**os.environ, "SLOW_RANK": "1", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     ours = [float(v) for v in weights.read_text().split()]
     theirs = [float(v) for v in torch_weights.read_text().split()]
