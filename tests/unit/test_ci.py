@@ -28,7 +28,7 @@ def test_ci_runs_the_readmes_test_commands_on_both_nvrx_versions() -> None:
     assert "--start-modes exec-first" in commands[1]
     assert commands[0].endswith("-m pytest --start-modes fork-first")
     fetch = (REPO / ".ci" / "nvrx07").read_text(encoding="utf-8")
-    assert "pip\" download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_39_x86_64" in fetch
+    assert "pip[@]}\" download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_39_x86_64" in fetch
 
 
 @pytest.mark.parametrize("pytest_code,ci_code", [(0, 0), (1, 1), (5, 1), (2, 1)])
