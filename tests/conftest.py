@@ -56,6 +56,11 @@ def pytest_configure(config: pytest.Config) -> None:
             os.path.abspath(entry) if entry else entry for entry in os.environ["PYTHONPATH"].split(os.pathsep))
     if not hasattr(config, "workerinput"):  # once, in the process that starts pytest's workers
         _byte_compile_the_launched_sources()
+    # pytest keeps the test modules it rewrote (assertions) in __pycache__, but not where PYTHONDONTWRITEBYTECODE
+    # is set (CI's and this machine's shells): each worker of each pass, and each pytest test_ci starts, then
+    # rewrote all of them again (collection: 7.2 CPU-s against 3.4 with them kept). This process writes them;
+    # the processes the tests start keep the environment's setting.
+    sys.dont_write_bytecode = False
     expected = config.getoption("--expect-nvrx")
     if expected and installed_nvrx() != expected:
         raise pytest.UsageError(f"--expect-nvrx {expected}: Python imports NVRx {installed_nvrx()} "
