@@ -80,10 +80,10 @@ def last_step(run_dir: Path, rank: int, cycle: int = 0) -> int:
     return max(steps, default=0)
 
 
-def node_step(run_dir: Path, cycle: int = 0) -> int:
-    """The last step of whichever rank this node's run dir holds: on a multi-node job the rendezvous
-    gives group ranks in arrival order, so node 1 is not always rank 1."""
-    steps = [e["step"] for e in events(run_dir) if e["kind"] == "step" and e["cycle"] == cycle]
+def node_step(run_dir: Path, cycle: int | None = 0) -> int:
+    """The last step of whichever rank this node's run dir holds, in `cycle` (None: any): on a multi-node job
+    the rendezvous gives group ranks in arrival order, so node 1 is not always rank 1."""
+    steps = [e["step"] for e in events(run_dir) if e["kind"] == "step" and cycle in (None, e["cycle"])]
     return max(steps, default=0)
 
 
