@@ -42,7 +42,22 @@ def test_a_pass_that_collected_no_tests_fails_ci(pytest_code: int, ci_code: int)
     assert ("no tests" in done.stderr) is (pytest_code == 5)
 
 
-def test_the_second_pass_keeps_every_launcher_test_and_one_start_mode_of_each_test() -> None:
+def _collected(*options: str) -> list[str]:
+    """The test ids `pytest --collect-only OPTIONS` selects."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          *options], cwd=REPO, capture_output=True, text=True, timeout=300)
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    assert out.returncode == 0 and ids, out.stdout[-2000:] + out.stderr[-2000:]
+    return ids
+
+
+@pytest.fixture(scope="module")
+def pass_2() -> list[str]:
+    """What CI's second pass collects (one collection for the two tests below)."""
+    return _collected("-m", PASS_2, "--start-modes", "exec-first")
+
+
+def test_the_second_pass_keeps_every_launcher_test_and_one_start_mode_of_each_test(pass_2: list[str]) -> None:
     """What the 0.7.0 pass selects: every launcher unit test file and every job test but those marked
     nvrx_independent; each compat case once (under fork or exec) beside its torchrun reference, each phase of
     the stop drill once, and both modes over the tests that run both in pass 1."""
@@ -50,11 +65,7 @@ def test_the_second_pass_keeps_every_launcher_test_and_one_start_mode_of_each_te
     from tests.conftest import LAUNCHER_UNIT_TESTS
     from tests.integration.test_stop_phases import PHASES
 
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
-                          "-m", PASS_2, "--start-modes", "exec-first"], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
-    ids = [line for line in out.stdout.splitlines() if "::" in line]
-    assert out.returncode == 0 and ids, out.stdout[-2000:] + out.stderr[-2000:]
+    ids = pass_2
     files = {i.split("::")[0].rsplit("/", 1)[-1] for i in ids}
     assert LAUNCHER_UNIT_TESTS <= files, LAUNCHER_UNIT_TESTS - files
     assert {"test_recovery.py", "test_node_stop.py", "test_hot_spare.py", "test_stop_phases.py"} <= files
@@ -69,22 +80,19 @@ def test_the_second_pass_keeps_every_launcher_test_and_one_start_mode_of_each_te
     assert abs(modes.count("fork") - modes.count("exec")) <= 2, modes
 
 
-def test_the_two_passes_run_each_test_under_opposite_start_modes() -> None:
-    """Pass 1 (fork-first) and pass 2 (exec-first): each compat case and stop-drill phase under one mode a pass,
-    and between them under both."""
+def test_the_two_passes_run_each_test_under_opposite_start_modes(pass_2: list[str]) -> None:
+    """CI's pass 1 (fork-first) and pass 2 (exec-first): each compat case and stop-drill phase under one mode a
+    pass, and between them under both."""
     from tests.compat.cases import CASES
     from tests.integration.test_stop_phases import PHASES
 
-    def compared(*options: str) -> set[tuple[str, str]]:
-        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
-                              *options, "tests/compat", "tests/integration/test_stop_phases.py"],
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    def compared(ids: list[str]) -> set[tuple[str, str]]:
         return set(re.findall(r"(?:test_same_as_torchrun|test_a_sigterm_in_any_phase\w+)\[(\w+)-(fork|exec)\]",
-                              out.stdout))
+                              "\n".join(ids)))
 
-    first = compared("--start-modes", "fork-first")
-    second = compared("-m", PASS_2, "--start-modes", "exec-first")
+    # The whole suite, as CI collects it: which mode a test gets depends on the two-mode tests collected before it.
+    first = compared(_collected("--start-modes", "fork-first"))
+    second = compared(pass_2)
     everything = {(name, mode) for name in (*CASES, *PHASES) for mode in ("fork", "exec")}
     assert len(first) == len(second) == len(everything) // 2 and not first & second
     assert first | second == everything
