@@ -117,10 +117,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: The heaviest test files, seconds of test time in pass 1 (`pytest --durations=0`, 2-core dev VM, 2026-12-05;
-#: the compat suite's 1,145 s scaled to the two thirds of its launches left after ffb20f4's turns). xdist hands out whole files in collection order
-#: (`--no-loadscope-reorder` in pyproject.toml; its default order is by number of tests), so these start first,
-#: heaviest first, and the short files fill in behind them: a long file handed out last ran alone at the end of a
-#: pass while the other workers idled (the engine's kill drill: 31 % of the CPU idle in CI's last minutes).
+#: the compat suite's 1,145 s scaled to the two thirds of its launches left after ffb20f4's turns). xdist hands
+#: out whole files in collection order (`--no-loadscope-reorder` in pyproject.toml; its default order is by number
+#: of tests), so these start first, heaviest first, and the short files fill in behind them: a long file handed out
+#: last ran alone at the end of a pass while the other workers idled (the engine's kill drill: 31 % of the CPU idle
+#: in CI's last minutes).
 HEAVY_FILES = {
     "compat/test_compat.py": 750, "integration/test_recovery.py": 424, "integration/test_data_position.py": 388,
     "integration/test_run.py": 273, "integration/test_stop_phases.py": 175, "unit/test_checkpoint_memory.py": 168,
