@@ -35,9 +35,14 @@ STEPS = 30
 FIVE_FAULTS = "exception@8:1,sigkill@12:0,hang@13:1,checkpoint_exception@17:0"
 SECOND_FAULT_AFTER_RESTART = "exception@14:0"
 
+# soft_timeout also fires on a main thread blocked in C that long (NVRx's automatic progress stamp): a rank
+# waiting in init_process_group for slower peers. 5s did on a loaded box, once in three runs of the 4-rank drill
+# beside two others and two CPU burners: after the launcher's restart the first rank in waited 6 s for the rest,
+# its wrapper aborted the new group and every rank restarted in-process once more (an unplanned recovery; CI
+# saw an extra launcher cycle as well). 10s doubles the margin; only the hang at step 13 waits it out.
 IN_PROCESS = [
-    "inprocess.enabled=true", "inprocess.soft_timeout=5s", "inprocess.hard_timeout=8s",
-    "inprocess.barrier_timeout=15s", "inprocess.heartbeat_timeout=10s", "inprocess.monitor_interval=0.5s",
+    "inprocess.enabled=true", "inprocess.soft_timeout=10s", "inprocess.hard_timeout=15s",
+    "inprocess.barrier_timeout=25s", "inprocess.heartbeat_timeout=10s", "inprocess.monitor_interval=0.5s",
     "inprocess.progress_interval=0.5s", "inprocess.last_call_wait=0.1s", "inprocess.termination_grace_time=1s",
 ]
 
@@ -51,9 +56,10 @@ def job(tmp: Path, name: str, nproc: int, *, inprocess: bool = False, sets: tupl
                  # cycle): a fault right after a restart can wait out inprocess.barrier_timeout (15s)
                  # on a loaded box, after soft_timeout (5s) for a hang. 12s did, once in a while
                  # ("Did not get subsequent heartbeat. Waited 12.00 seconds" on both ranks 12 s after
-                 # the exception at step 14). Faults here are seen by soft_timeout and process exits,
-                 # never by this timeout, so a longer one costs no time.
-                 f"heartbeat.timeout={'25s' if inprocess else '4s'}", "heartbeat.check_interval=1s",
+                 # the exception at step 14), and 25s outlasted the 15s barrier and 5s soft timeout then
+                 # used. Faults here are seen by soft_timeout and process exits, never by this timeout, so
+                 # a longer one costs no time.
+                 f"heartbeat.timeout={'40s' if inprocess else '4s'}", "heartbeat.check_interval=1s",
                  "launch.max_restarts=6", *sets]
     if inprocess:
         # The default min_world_size (every rank) hands a lost rank over to the launcher: a shrunken
@@ -124,6 +130,12 @@ def injected(run_dir: Path) -> list[str]:
                   if e["kind"] == "fault" and e.get("injected"))
 
 
+def unplanned(run_dir: Path) -> list[str]:
+    """The faults no drill injected (a rank's error, seen where a recovery was not planned): for failure messages."""
+    return [f"cycle {e['cycle']} iteration {e.get('iteration')} rank {e['rank']} step {e.get('step')}: {e.get('error')}"
+            for e in events(run_dir) if e["kind"] == "fault" and not e.get("injected")]
+
+
 def resumes_after_kill(ev: list[dict[str, Any]]) -> set[int]:
     """The steps the SIGKILL at step 12 may resume from: 10 when the write of step 10 was recorded durable
     before rank 0 recorded the fault; else 5 or 10. Step 10's save is asynchronous and the kill comes two
@@ -155,7 +167,7 @@ def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
     inproc_restarts = {(e["cycle"], e["iteration"]) for e in ev if e["kind"] == "restart" and e.get("layer") == "inprocess"}
     if inprocess:
         # Only the SIGKILL needs the launcher; everything else restarted inside the processes.
-        assert cycles == {0, 1}, cycles
+        assert cycles == {0, 1}, (cycles, unplanned(run_dir))
         assert len(inproc_restarts) >= 3, inproc_restarts
     else:
         assert len(cycles) == 5 and not inproc_restarts, (cycles, inproc_restarts)
@@ -171,7 +183,7 @@ def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
     allowed = resumes_after_kill(ev)
     after_kill = got[1][3] if len(got) == 4 and got[1][3] in allowed else max(allowed)
     want = [("exception", last, 8, 5), ("sigkill", 0, 12, after_kill), ("hang", last, 13, 10), ("exception", 0, 14, 10)]
-    assert got == want, (got, allowed)
+    assert got == want, (got, allowed, unplanned(run_dir))
     assert [r.rollback_steps for r in report.recoveries] == [3, 12 - after_kill, 3, 4]
     layers = [r.layer for r in report.recoveries]
     assert layers == (["inprocess", "launcher", "inprocess", "inprocess"] if inprocess else ["launcher"] * 4)
