@@ -8,6 +8,7 @@ Heavy modules (torch, NVRx) are imported inside the commands that need them, so
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Any
@@ -58,9 +59,12 @@ app.command("report", epilog=report_cmd.EPILOG)(report_cmd.report)
 METAVARS = {"set_": "KEY=VALUE", "profile": "FILE"}
 
 
+@functools.cache
 def command() -> Any:
     """The click command of `app`, its help showing what a value is (`--nnodes NNODES`,
-    `--set KEY=VALUE`), as torchrun's does, instead of Python types (`<list[str]>`)."""
+    `--set KEY=VALUE`), as torchrun's does, instead of Python types (`<list[str]>`). Built once a process
+    (typer reads every command's signature and evaluates its annotations: ~45 ms); click makes a new
+    context for each invocation, so the command is only read after it is built."""
     import typer.main
 
     root: Any = typer.main.get_command(app)  # a TyperGroup: it has .commands
