@@ -15,7 +15,9 @@ from resctl.profile import contract
 # Imported once in the launcher when workers are forked from it, so no worker pays for them again:
 # what every worker imports (torch, the shim), before the first workers start. What a script may
 # import later (torch imports torch._dynamo and sympy on the first optimizer it builds: about 1 s;
-# FSDP 0.5 s) is imported in a thread once the first workers have run `LATE_AFTER` seconds: a
+# FSDP 0.5 s) is imported in a thread once the first workers have run `LATE_AFTER` seconds and one of them
+# said its script imported them (its first optimizer step, `resctl.launch.stop.mark_late_imports`: a script
+# that never builds an optimizer leaves the launcher without them, ~1.3 CPU-s and their memory): a
 # job's start never waits for them, nor a short job's end (the happy path is torchrun's,
 # bench/bench_happy_path.py), nor a restart that comes sooner, and workers restarted later are
 # forked with them loaded (in-job recovery in well under a second, bench/bench_recovery.py).
@@ -58,11 +60,34 @@ class LatePreload:
 
     @classmethod
     def maybe_start(cls) -> None:
-        """From the monitor loop: start the thread once the first workers have run long enough."""
+        """From the monitor loop: start the thread once the first workers have run long enough and one
+        of them imported the late modules."""
         import time
 
-        if cls.started_at is not None and time.monotonic() - cls.started_at >= LATE_AFTER:
+        if cls.thread is None and cls.started_at is not None and time.monotonic() - cls.started_at >= LATE_AFTER \
+                and cls.wanted():
             cls.start_now()
+
+    @staticmethod
+    def wanted() -> bool:
+        """A worker of this launcher said its script imported LATE_PRELOAD (`resctl.launch.stop`'s note)."""
+        from pathlib import Path
+
+        from resctl.launch import stop
+
+        marker = os.environ.get(stop.ENV)
+        return bool(marker) and stop.late_imports_marked(Path(marker))
+
+    @staticmethod
+    def note_imported() -> None:
+        """In a forked worker at its first optimizer step: say so when its script imported any of LATE_PRELOAD
+        (torch imports torch._dynamo, and with it FSDP, when the first optimizer is built)."""
+        import sys
+
+        from resctl.launch import stop
+
+        if any(name in sys.modules for name in LATE_PRELOAD):
+            stop.mark_late_imports(os.environ)
 
     @classmethod
     def start_now(cls) -> None:
@@ -70,6 +95,9 @@ class LatePreload:
         import threading
 
         if cls.thread is None and cls.enabled():
+            import logging
+
+            logging.getLogger(__name__).info("late preload: importing %s for restarted workers", ", ".join(LATE_PRELOAD))
             cls.thread = threading.Thread(target=_import, args=(LATE_PRELOAD,), name="resctl-preload", daemon=True)
             cls.thread.start()
 

@@ -63,6 +63,7 @@ def remove(path: Path) -> None:
     """The launcher is done: its marker and the private directory around it go."""
     clear(path)
     clear_left(path)
+    clear(path.with_name(LATE_IMPORTS))
     clear(path.with_name(path.name + ".tmp"))
     try:
         path.parent.rmdir()
@@ -126,6 +127,21 @@ def _mark(env: Mapping[str, str], name: str, content: str) -> None:
             fh.write(content)
     except OSError:
         pass
+
+
+#: A forked worker's note beside the marker: its script imported what the launcher imports late for restarted
+#: workers (`resctl.launch.preload.LATE_PRELOAD`), so the launcher imports it too (`LatePreload`).
+LATE_IMPORTS = "late-imports"
+
+
+def mark_late_imports(env: Mapping[str, str]) -> None:
+    """A forked worker's script imported the launcher's late preload (`LATE_IMPORTS`); best effort."""
+    _mark(env, LATE_IMPORTS, "1")
+
+
+def late_imports_marked(path: Path) -> bool:
+    """A worker of this launcher (whose marker is `path`) said its script imported the late preload."""
+    return _trusted(path.with_name(LATE_IMPORTS)) is not None
 
 
 #: What a worker saving the job stop's final checkpoint writes in its `saving-<pid>` file (`mark_saving`).

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from resctl.checkpoint import memdir
 from resctl.drills import KINDS, FaultKind
+from resctl.launch.preload import LatePreload
 from resctl.patching import Patches
 from resctl.profile import contract
 from resctl.profile.schema import Profile
@@ -125,9 +126,10 @@ class Heartbeats:
 
 
 class Shim:
-    def __init__(self, profile: Profile, run_dir: Path | None, env: Any = os.environ) -> None:
+    def __init__(self, profile: Profile, run_dir: Path | None, env: Any = os.environ, *, forked: bool = False) -> None:
         self.profile = profile
         self.run_dir = run_dir
+        self.forked = forked  # forked from the launcher (`forked.is_forked_worker` before `forked.reset`)
         self.rank = int(env.get("RANK", "0"))
         self.world_size = int(env.get("WORLD_SIZE", "1"))
         self.cycle = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -156,6 +158,7 @@ class Shim:
         #: enough that their round trip to the rank monitor is no per-step cost.
         self.beat_every = beat_interval(profile.heartbeat.timeout)
         self._next_beat = 0.0  # the first step beats at once (it ends the initial timeout)
+        self._late_noted = False  # the launcher was told whether the script imported its late preload
         #: Every change the shim makes to torch, NVRx and the standard library; `undo()` reverts them.
         self.patches = Patches("shim")
         #: Each step's own work before DDP's all-reduce (the straggler detector's measure in a synchronous job).
@@ -181,10 +184,19 @@ class Shim:
             if self.heartbeats.client is None:
                 self.heartbeats.connect()
             self.heartbeats.beat()
+            if not self._late_noted:
+                self._note_late_imports()
         if self.progress is not None:
             self.ping()
         if self.faults:
             self.fire_faults(self.step)
+
+    def _note_late_imports(self) -> None:
+        """Once, at the first step: a forked worker tells its launcher when the script imported what the
+        launcher imports late for restarted workers (`resctl.launch.preload.LatePreload`)."""
+        self._late_noted = True
+        if self.forked:
+            LatePreload.note_imported()
 
     def ping(self) -> None:
         """Tell the in-process wrapper's progress watchdog that training is progressing."""
@@ -544,7 +556,7 @@ def main(argv: list[str]) -> int:
     _die_with_launcher()
     target = parse_argv(argv)
     profile, run_dir = load_plan(os.environ)
-    shim = Shim(profile, run_dir)
+    shim = Shim(profile, run_dir, forked=forked_worker)
     from resctl.launch.titles import set_title, worker_title
 
     set_title(worker_title(shim.rank, int(os.environ.get("LOCAL_RANK", "0")), os.path.basename(target.name)))

@@ -3,12 +3,14 @@ not import it first; one while it imports waits for it (no fork mid-import)."""
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from resctl.launch import preload
+from resctl.launch import preload, stop
 from resctl.launch.preload import LatePreload
 
 
@@ -21,7 +23,10 @@ def late(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, ...]]:
     monkeypatch.setenv("RESCTL_PRELOAD", "1")
     monkeypatch.setattr(LatePreload, "thread", None)
     monkeypatch.setattr(LatePreload, "started_at", None)
+    marker = stop.file_for(os.getpid())  # the launcher's private directory, where its workers leave notes
+    monkeypatch.setenv(stop.ENV, str(marker))
     yield names
+    stop.remove(marker)
     if LatePreload.thread is not None:
         LatePreload.thread.join()
     for n in names:
@@ -43,6 +48,7 @@ def test_a_restart_while_the_thread_imports_forks_only_after_it(late: tuple[str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     LatePreload.workers_started()
     monkeypatch.setattr(LatePreload, "started_at", LatePreload.started_at - preload.LATE_AFTER)  # type: ignore[operator]
+    stop.mark_late_imports(os.environ)  # a worker's script imported them
     LatePreload.maybe_start()
     assert LatePreload.thread is not None
     LatePreload.before_fork()  # joins it: the fork sees the modules whole
@@ -53,3 +59,28 @@ def test_without_forked_workers_nothing_is_imported(late: tuple[str, ...], monke
     monkeypatch.delenv("RESCTL_PRELOAD")
     LatePreload.start_now()
     assert LatePreload.thread is None
+
+
+def test_only_a_worker_that_imported_them_starts_the_thread(late: tuple[str, ...],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that never builds an optimizer leaves the launcher without them (its first step says)."""
+    LatePreload.workers_started()
+    monkeypatch.setattr(LatePreload, "started_at", LatePreload.started_at - preload.LATE_AFTER)  # type: ignore[operator]
+    LatePreload.note_imported()  # this process has none of them: no note
+    LatePreload.maybe_start()
+    assert LatePreload.thread is None and not LatePreload.wanted()
+    __import__(late[0])  # now it has one, as a worker whose script built an optimizer
+    LatePreload.note_imported()
+    assert LatePreload.wanted()
+    LatePreload.maybe_start()
+    assert LatePreload.thread is not None
+
+
+def test_a_note_in_another_users_or_a_shared_directory_is_not_believed(late: tuple[str, ...], tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv(stop.ENV, str(shared / "marker"))
+    (shared / stop.LATE_IMPORTS).write_text("1")
+    assert not LatePreload.wanted()
