@@ -76,7 +76,7 @@ class LatePreload:
         from resctl.launch import stop
 
         marker = os.environ.get(stop.ENV)
-        return bool(marker) and stop.late_imports_marked(Path(marker))
+        return marker is not None and stop.late_imports_marked(Path(marker))
 
     @staticmethod
     def note_imported() -> None:
