@@ -42,6 +42,10 @@ def test_a_pass_that_collected_no_tests_fails_ci(pytest_code: int, ci_code: int)
     assert ("no tests" in done.stderr) is (pytest_code == 5)
 
 
+#: A test that runs under both start modes, in a collected id: a compat case's comparison or a stop-drill phase.
+TWO_MODE = re.compile(r"(test_same_as_torchrun|test_stop_phases\.py::\w+)\[(\w+)-(fork|exec)\]")
+
+
 def _collected(*options: str) -> list[str]:
     """The test ids `pytest --collect-only OPTIONS` selects."""
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
@@ -70,12 +74,12 @@ def test_the_second_pass_keeps_every_launcher_test_and_one_start_mode_of_each_te
     assert LAUNCHER_UNIT_TESTS <= files, LAUNCHER_UNIT_TESTS - files
     assert {"test_recovery.py", "test_node_stop.py", "test_hot_spare.py", "test_stop_phases.py"} <= files
     assert not files & {"test_data_position.py", "test_checkpoint_kill.py", "test_memory_rollback.py"}
-    compared = [re.search(r"test_same_as_torchrun\[(\w+)-(fork|exec)\]", i) for i in ids]
-    cases = [m.group(1) for m in compared if m]
-    assert sorted(cases) == sorted(CASES), "each case once"
-    assert {m.group(2) for m in compared if m} == {"fork", "exec"}
-    phases = [re.search(r"test_stop_phases.py::\w+\[(\w+)-(fork|exec)\]", i) for i in ids]
-    assert sorted(m.group(1) for m in phases if m) == sorted(PHASES), "each phase once"
+    two_mode = [m.groups() for m in map(TWO_MODE.search, ids) if m]
+    compared = [(name, mode) for test, name, mode in two_mode if test == "test_same_as_torchrun"]
+    assert sorted(name for name, _ in compared) == sorted(CASES), "each case once"
+    assert {mode for _, mode in compared} == {"fork", "exec"}
+    assert sorted(name for test, name, _ in two_mode if test != "test_same_as_torchrun") == sorted(PHASES), \
+        "each phase once"
     modes = [m.group(1) for m in (re.search(r"\[(?:\w+-)?(fork|exec)\]$", i) for i in ids if "compat" not in i) if m]
     assert abs(modes.count("fork") - modes.count("exec")) <= 2, modes
 
@@ -87,8 +91,7 @@ def test_the_two_passes_run_each_test_under_opposite_start_modes(pass_2: list[st
     from tests.integration.test_stop_phases import PHASES
 
     def compared(ids: list[str]) -> set[tuple[str, str]]:
-        return set(re.findall(r"(?:test_same_as_torchrun|test_a_sigterm_in_any_phase\w+)\[(\w+)-(fork|exec)\]",
-                              "\n".join(ids)))
+        return {(m.group(2), m.group(3)) for m in map(TWO_MODE.search, ids) if m}
 
     # The whole suite, as CI collects it: which mode a test gets depends on the two-mode tests collected before it.
     first = compared(_collected("--start-modes", "fork-first"))
