@@ -26,6 +26,7 @@ LAUNCHER_UNIT_TESTS = {
     "test_ft_entry.py", "test_patching.py", "test_wake_on_exit.py", "test_worker_parity.py", "test_nvrx_private.py",
     "test_nvrx_flags.py", "test_plan.py", "test_stop_marker.py", "test_spares.py", "test_owned_rdzv.py",
     "test_rdzv_rounds.py", "test_console_lines.py", "test_rendezvous.py", "test_shim_recovery.py", "test_agent_groups.py",
+    "test_leftovers.py",
 }
 
 

@@ -321,8 +321,14 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
 
 
 def _after_launcher(launch_plan: LaunchPlan, pid: int, code: int) -> None:
-    """resctl's rendezvous: a launcher killed by a signal cannot say it left; say it for it."""
+    """A launcher killed by a signal cannot clean up or say it left: remove what it left on the node
+    (resctl.launch.leftovers) and, on resctl's rendezvous, say it left for it."""
     from resctl.launch.rdzv_rounds import IMPL_ENV
+
+    if code < 0:
+        from resctl.launch import leftovers
+
+        leftovers.remove_for(pid)
 
     if launch_plan.env.get(IMPL_ENV) == "resctl":
         from resctl.launch.owned_rdzv import mark_launcher_gone

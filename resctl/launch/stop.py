@@ -31,13 +31,22 @@ JOB_STOP_ENV = contract.JOB_STOP
 __all__ = ["ENV", "FATAL_FILE", "JOB_STOP_ENV", "read_fatal", "record_fatal", "stop_job"]  # fatal.json: the contract's
 
 
+#: The private directory's name begins so, then the launcher's PID and "-" (resctl.launch.leftovers).
+DIR_PREFIX = "resctl-stop-"
+MARKER = "marker"
+
+
 def file_for(launcher_pid: int) -> Path:
     """Make the marker's place for one launcher: a new directory only this user can enter
     (`mkdtemp`: a random name, created exclusively, 0700) in node-local shared memory when there
     is some. Nobody else can plant the marker there (a planted one would turn a real SIGTERM into a
     restart stop: no final save) or a link where its temporary file is written."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    return Path(tempfile.mkdtemp(prefix=f"resctl-stop-{launcher_pid}-", dir=base)) / "marker"
+    return Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{launcher_pid}-", dir=dir_base())) / MARKER
+
+
+def dir_base() -> str:
+    """Where the private directories go: node-local shared memory, else the temporary directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
 def mark_restart(path: Path, pids: Iterable[int]) -> None:

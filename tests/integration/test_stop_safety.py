@@ -6,6 +6,8 @@
   no restart after it. bench/bench_sigterm_restart.py repeats it at random delays.
 - SIGKILL of `resctl run`: the launcher, the rank monitors and the workers (forked and exec'd) all
   end with it.
+- SIGKILL of the launcher: `resctl run` removes what it left on the node (its private stop directory, NVRx's
+  sockets: resctl.launch.leftovers).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import psutil
 import pytest
 
 from resctl.checkpoint import format as fmt
-from resctl.launch import execute
+from resctl.launch import execute, leftovers, stop
 from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, finish, last_step, start, wait_for, worker_pid
 
 STEPS = 300
@@ -97,6 +100,33 @@ def test_sigkill_of_resctl_run_ends_the_whole_tree(tmp_path: Path, worker_start:
         p.kill()
     assert not alive, f"still running after resctl run was killed: {[(p.pid, p.cmdline()[:4]) for p in alive]}"
     assert last_step(run_dir, 0) < STEPS
+
+
+def launcher_leftovers(pid: int) -> list[Path]:
+    dirs = Path(stop.dir_base()).glob(f"{stop.DIR_PREFIX}{pid}-*")
+    sockets = [p for p in Path(tempfile.gettempdir()).iterdir() if leftovers.nvrx_sockets(pid).fullmatch(p.name)]
+    return [*dirs, *sockets]
+
+
+@pytest.mark.slow
+def test_a_sigkilled_launcher_leaves_nothing_on_the_node(tmp_path: Path) -> None:
+    run_dir = tmp_path / "killed"
+    proc = start(job(tmp_path, "killed"), cwd=tmp_path)
+    wait_for(lambda: last_step(run_dir, 0) >= 5 and last_step(run_dir, 1) >= 5, 120, "step 5", proc)
+    launcher = psutil.Process(proc.pid).children()[0]
+    assert launcher.cmdline()[0].startswith("resctl-launcher"), launcher.cmdline()  # its title (launch/titles.py)
+    tree = [launcher, *launcher.children(recursive=True)]
+    made = launcher_leftovers(launcher.pid)
+    # its stop directory, NVRx's launcher socket and each rank monitor's: the names this test is about
+    assert len(made) >= 4 and any(p.is_dir() for p in made), made
+    launcher.kill()
+    code, out = finish(proc, timeout=90)
+    assert code == 128 + signal.SIGKILL, out[-3000:]
+    assert launcher_leftovers(launcher.pid) == [], out[-3000:]
+    _, alive = psutil.wait_procs(tree[1:], timeout=20)
+    for p in alive:
+        p.kill()
+    assert not alive, f"still running after the launcher was killed: {[(p.pid, p.cmdline()[:4]) for p in alive]}"
 
 
 def test_a_launcher_that_ignores_the_stop_is_killed_with_its_children(monkeypatch: pytest.MonkeyPatch) -> None:
