@@ -7,6 +7,8 @@
 # 0.4.1 installs into /tmp/site04 (with its dependencies); 0.7.0 alone into /tmp/site07, put first on
 # PYTHONPATH for `resctl@0.7` (its dist-info is found first: importlib.metadata says 0.7.0).
 # Usage on the device: OUT=$OUT bash bench/gpu_issue30.sh [parts: lines kill]   (~6 min; kill part capped at 420 s)
+# Another resctl beside them: LAUNCHERS=torchrun,resctl,resctl@0.7,resctl@old EXTRA_PATHS="--nvrx-path old=$PWD/DIR"
+# (DIR holds that resctl/ package, e.g. `git archive REV resctl | tar -x -C DIR`).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site04 .whl/*.whl || exit 1
@@ -30,8 +32,8 @@ for part in ${*:-lines kill}; do
       echo "-- 0.7.0 console:"; cat "$OUT/lines-0.7.0.txt";;
     kill) echo "== kill -9 -> first step after resume: ddp, 1 GPU, torchrun vs resctl (0.4.1) vs resctl (0.7.0)"
       timeout ${KILL_TIMEOUT:-420} python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda --faults ${FAULTS:-3} --clean ${CLEAN:-2} \
-        --steps 150 --kill-after 100 --script-args "--step-time 0.05" --launchers torchrun,resctl,resctl@0.7 \
-        --nvrx-path 0.7=/tmp/site07 > "$OUT/kill30.json" 2> "$OUT/kill30.err"
+        --steps 150 --kill-after 100 --script-args "--step-time 0.05" --launchers ${LAUNCHERS:-torchrun,resctl,resctl@0.7} \
+        --nvrx-path 0.7=/tmp/site07 ${EXTRA_PATHS:-} > "$OUT/kill30.json" 2> "$OUT/kill30.err"
       echo "exit $?"; grep "^kill_to\|^clean" "$OUT/kill30.err" | tr '\n' ';'; echo
       python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50'])); [print(e[-600:]) for e in d.get('errors', [])]" "$OUT/kill30.json";;
   esac

@@ -562,7 +562,8 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         LatePreload.maybe_start()
         trace = [self.job_stop.trace.fd] if self.job_stop.trace.fd >= 0 else []
         after_look, self._looked = self._looked, False
-        sleep_until_exit(self.live_pids(), self.result_fds() + trace, seconds, after_look=after_look)
+        sleep_until_exit(self.live_pids(), self.result_fds() + trace, LatePreload.look_within(seconds),
+                         after_look=after_look)
 
     # -- inside --------------------------------------------------------------------------------------
 

@@ -25,6 +25,11 @@ PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "resctl.shim
            "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
 LATE_PRELOAD = ("torch._dynamo", "torch.distributed.fsdp")
 LATE_AFTER = 3.0  # seconds the first workers run before LATE_PRELOAD is imported beside them
+#: While the first workers may still send their note, the launcher looks for it this often (seconds), not only
+#: once a monitor interval (5 s by default): the import then starts soon after the first step, and is over
+#: before a restart that comes a few seconds into training (which would wait for the rest of it).
+LATE_LOOK = 0.5
+LATE_LOOK_FOR = 120.0  # seconds after the first workers started; past them, once a monitor interval
 
 
 class LatePreload:
@@ -67,6 +72,19 @@ class LatePreload:
         if cls.thread is None and cls.started_at is not None and time.monotonic() - cls.started_at >= LATE_AFTER \
                 and cls.wanted():
             cls.start_now()
+
+    @classmethod
+    def look_within(cls, seconds: float) -> float:
+        """How long the launcher's monitor may sleep: at most LATE_LOOK while the thread waits for a worker's
+        note, in the first LATE_LOOK_FOR seconds of the workers (a GPU job's first step comes seconds after
+        its start: with a 5 s look the import overlapped the first seconds of training, and a kill -9 there
+        waited for it, ~2 s on one H200)."""
+        import time
+
+        since = cls.started_at
+        if cls.thread is None and since is not None and time.monotonic() - since < LATE_LOOK_FOR and cls.enabled():
+            return min(seconds, LATE_LOOK)
+        return seconds
 
     @staticmethod
     def wanted() -> bool:

@@ -84,3 +84,24 @@ def test_a_note_in_another_users_or_a_shared_directory_is_not_believed(late: tup
     monkeypatch.setenv(stop.ENV, str(shared / "marker"))
     (shared / stop.LATE_IMPORTS).write_text("1")
     assert not LatePreload.wanted()
+
+
+def test_the_monitor_looks_for_the_note_often_while_it_may_come(late: tuple[str, ...],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not once a monitor interval (5 s): a GPU job's first step, which writes the note, comes seconds after its
+    start, and an import begun up to 5 s later overlapped the first seconds of training (a kill -9 there waited
+    for the rest of it: ~2 s more on one H200)."""
+    assert LatePreload.look_within(5.0) == 5.0, "no workers yet"
+    LatePreload.workers_started()
+    assert LatePreload.look_within(5.0) == preload.LATE_LOOK
+    assert LatePreload.look_within(0.1) == 0.1, "a shorter interval is kept"
+    monkeypatch.setattr(LatePreload, "started_at", LatePreload.started_at - preload.LATE_LOOK_FOR)  # type: ignore[operator]
+    assert LatePreload.look_within(5.0) == 5.0, "a job that never stepped: the monitor interval again"
+    monkeypatch.setattr(LatePreload, "started_at", LatePreload.started_at + preload.LATE_LOOK_FOR - preload.LATE_AFTER)  # type: ignore[operator]
+    stop.mark_late_imports(os.environ)
+    LatePreload.maybe_start()
+    assert LatePreload.thread is not None and LatePreload.look_within(5.0) == 5.0, "started: nothing to look for"
+    LatePreload.thread.join()
+    monkeypatch.setattr(LatePreload, "thread", None)
+    monkeypatch.delenv("RESCTL_PRELOAD")
+    assert LatePreload.look_within(5.0) == 5.0, "exec'd workers: no preload"
