@@ -562,8 +562,11 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         LatePreload.maybe_start()
         trace = [self.job_stop.trace.fd] if self.job_stop.trace.fd >= 0 else []
         after_look, self._looked = self._looked, False
-        sleep_until_exit(self.live_pids(), self.result_fds() + trace, LatePreload.look_within(seconds),
-                         after_look=after_look)
+        pids = self.live_pids()
+        # Only a sleep beside running workers (the monitor's) looks for the late preload's note more often; NVRx's
+        # other sleeps (its barriers count down by the time asked) are kept whole.
+        wait = LatePreload.look_within(seconds) if pids else seconds
+        sleep_until_exit(pids, self.result_fds() + trace, wait, after_look=after_look)
 
     # -- inside --------------------------------------------------------------------------------------
 
