@@ -63,6 +63,7 @@ from resctl.launch.preload import LatePreload
 from resctl.launch.rdzv_rounds import RendezvousView
 from resctl.launch.signal_trace import SignalTrace
 from resctl.patching import Patches
+from resctl.profile import contract
 
 _ROUND_KEY = "resctl/workers_prefix"
 #: Each agent of the last round adds 1 here once it is done with the store (the store host waits for them).
@@ -409,6 +410,15 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
             # launcher took for success (exit 0).
             result.state = type(state).FAILED
         return result
+
+    def any_rank_failed(self) -> bool:
+        """Asked by NVRx's launcher after a stop signal: exit non-zero? Also when resctl stopped the job because no
+        restart can cure it (fatal.json: the health gate's stop before a cycle's workers start, a worker's fatal
+        fault). NVRx reads the last process context, which after a stop between cycles is the closed one of
+        the cycle before: one forked worker's failure is reported by its first poll only, and a one-GPU job
+        whose crash loop the gate stopped exited 0 ("All ranks exited gracefully")."""
+        run_dir = contract.Handed.of().run_dir
+        return bool(super().any_rank_failed()) or (run_dir is not None and contract.read_fatal(run_dir) is not None)
 
     def _invoke_run(self, *args: Any, **kwargs: Any) -> Any:
         self.job_stop.inside_run = True

@@ -37,10 +37,13 @@ def _script(tmp: Path, name: str, text: str) -> str:
     return str(path)
 
 
-def test_restarts_that_make_no_progress_stop_the_job_with_exit_93(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nproc", [2, 1], ids=["2ranks", "1rank-forked"])
+def test_restarts_that_make_no_progress_stop_the_job_with_exit_93(tmp_path: Path, nproc: int) -> None:
+    """One forked worker too: NVRx asks its last process context whether a rank failed, and the gate's stop
+    comes between cycles, where one forked worker's failure had been reported once already (exit 0 before)."""
     run_dir = tmp_path / "run"
-    args = ["-p", str(LOCAL_PROFILE), "--nproc-per-node", "2", "--run-dir", str(run_dir),
-            "--set", "launch.max_restarts=6", "--set", "health.no_progress_cycles=2",
+    args = ["-p", str(LOCAL_PROFILE), "--nproc-per-node", str(nproc), "--run-dir", str(run_dir),
+            "--set", "launch.max_restarts=6", "--set", "health.no_progress_cycles=2", "--set", "launch.worker_start=fork",
             "--set", f"checkpoint.dir={tmp_path / 'ckpt'}", _script(tmp_path, "crash.py", CRASH_AT_START)]
     began = time.monotonic()
     code, out = finish(start(args, cwd=tmp_path), timeout=120)
