@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One kill -9 of the DDP-tutorial-style script on 1 GPU under resctl, its run directory kept (launcher.log,
 # events): where a recovery's time goes. With OLD=DIR (a tree holding another resctl/ package), the same
-# again with that resctl first on PYTHONPATH, and the bench's A/B of the two (alternating rounds).
+# again with that resctl first on PYTHONPATH. The A/B of two trees over several rounds is gpu_issue30.sh's
+# kill part (LAUNCHERS=resctl,resctl@old EXTRA_PATHS="--nvrx-path old=$PWD/DIR").
 # Usage on the device (after bench/gpu_issue30.sh's installs, or alone): OUT=$OUT [OLD=.old] bash bench/gpu_kill_diag.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -32,9 +33,3 @@ for r in $(seq ${DIAG_ROUNDS:-1}); do
   [ -n "${OLD:-}" ] && one_kill old$r /tmp/site04:$PWD/$OLD
 done
 tar -czf "$OUT/diag.tgz" --exclude=snap.pt -C /tmp $(cd /tmp && ls -d diag-*) 2>/dev/null
-if [ -n "${OLD:-}" ] && [ "${FAULTS:-3}" -gt 0 ]; then
-  PYTHONPATH=/tmp/site04:$PWD timeout ${AB_TIMEOUT:-300} python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda \
-    --faults ${FAULTS:-3} --clean 0 --steps 150 --kill-after 100 --script-args "--step-time 0.05" --launchers resctl,resctl@old \
-    --nvrx-path old=$PWD/$OLD > "$OUT/ab.json" 2> "$OUT/ab.err"
-  grep "^kill_to" "$OUT/ab.err" | tr '\n' ';'; echo
-fi

@@ -35,11 +35,10 @@ def remove_for(launcher_pid: int) -> list[str]:
     """Remove the stop directory and NVRx sockets of a launcher that is gone; returns what was removed."""
     removed: list[str] = []
     stop_dirs = re.compile(rf"{re.escape(stop.DIR_PREFIX)}{launcher_pid}-[^/]+")
-    for base in {stop.dir_base(), tempfile.gettempdir()}:
-        for entry in _own(base, stop_dirs, stat.S_ISDIR):
-            stop.remove(Path(entry) / stop.MARKER)
-            if not os.path.lexists(entry):
-                removed.append(entry)
+    for entry in _own(stop.dir_base(), stop_dirs, stat.S_ISDIR):  # where `stop.file_for` made it
+        stop.remove(Path(entry) / stop.MARKER)
+        if not os.path.lexists(entry):
+            removed.append(entry)
     for entry in _own(tempfile.gettempdir(), nvrx_sockets(launcher_pid), stat.S_ISSOCK):
         try:
             os.unlink(entry)
