@@ -116,6 +116,7 @@ class Checkpointer:
                                   run_id=self.run_id, root=self.dir, events=self.events, rank=lambda: self.rank,
                                   world_size=lambda: self.world_size, staging=self.staging)
         self._owner = Ownership(self.dir, self.run_id)
+        self._sharded = sharded.Saver()
         self._cleaned = False
         self._latest: tuple[MutableMapping[str, Any], int] | None = None
         self._final = Final.NONE
@@ -225,18 +226,25 @@ class Checkpointer:
         self.writes.end()
 
     def _save_sharded(self, entries: dict[str, Any], stateful: list[str], step: int) -> None:
-        """Collective and synchronous (see `sharded`); a failure goes through the policy on every rank."""
-        t0 = time.monotonic()
+        """Collective: every rank stages its own shards now and writes them in the background when
+        async (see `sharded`); a failure goes through the policy on every rank."""
         try:
-            total = sharded.save(self.dir, entries, stateful, step, writers=self.writers, beat=self.beat,
-                                 publish=self.disk.publish, run_id=self.run_id)
-        except Exception as err:  # noqa: BLE001
+            staged = self._sharded.stage(entries, stateful, step)
+        except Exception as err:  # noqa: BLE001 - a staging failure is a failed save, as a write's
             self.writes.record_failure(step, err)
             return
-        self.writes.landed()
-        if total is not None:
-            self.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - t0, 6), bytes=total)
-            self.disk.prune(recycle=False)  # only the plain writer overwrites recycled files
+        staged_at = time.monotonic()
+        fail = self.writes.take_injected_failure()
+
+        def job() -> None:
+            total = sharded.write(self.dir, staged, writers=self.writers, beat=self.beat, publish=self.disk.publish,
+                                  run_id=self.run_id, fail=fail)
+            if total is not None:
+                self.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6),
+                                 bytes=total)
+                self.disk.prune(recycle=False)  # only the plain writer overwrites recycled files
+
+        self.writes.submit(job, step, self.dir / fmt.step_dir_name(step))
 
     def _save_plain(self, entries: dict[str, Any], stateful: list[str], step: int,
                     snapshot: Snapshot | None = None) -> None:
@@ -403,6 +411,7 @@ class Checkpointer:
             self.wait()
         finally:
             self.writes.close()
+            self._sharded.close()
             self.disk.close()
             self.memory.close()
             self._owner.release()

@@ -20,9 +20,19 @@ small file in the temp directory. On load, rank r verifies the shards written by
 `w % world_size == r` (its own when the world size is unchanged); the engine's all-reduce of
 every rank's verdict then makes one damaged shard move every rank back one checkpoint.
 
-A sharded save is collective and synchronous in this version: every rank must call `save` for
-the same step; the call returns once the checkpoint is published (async DCP needs its own
-process group so its collectives never interleave with training's; left for later).
+A sharded save is collective: every rank calls `Saver.stage` for the same step (the engine's save),
+which returns once this rank's shards are copied into host memory, and then `Saver.write`, which
+the engine runs in its write queue's background thread when async (inline when not, e.g. the final
+save). The copy is torch DCP's own stager (`DefaultStager`: a deep copy of the state whose host
+storages are kept from one save to the next and, on a GPU, pinned and filled by non-blocking copies),
+so a save after the first allocates nothing. The write is DCP's `save` of the staged copy on a gloo
+process group of its own (made once per default group, at the first sharded save, by every rank), and
+every collective of the write (DCP's plan exchange, the barriers, the verdict) runs on that group:
+never interleaved with the training loop's collectives on the default group, whatever its backend.
+Why not `dcp.async_save`: its future ends with DCP's write, but the checkpoint is not durable until
+every rank's CRCs are gathered, the manifest is written and the directory is published, which need
+the same group from the same background thread; and the engine's write queue (one write in flight,
+the failed-save policy, `wait()`, the final synchronous save) is the one place a write runs.
 """
 
 from __future__ import annotations
@@ -31,13 +41,13 @@ import json
 import re
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, MutableMapping
 
 import torch
 import torch.distributed as dist
 
-from resctl.checkpoint import collectives
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import state as st
 
@@ -50,54 +60,117 @@ def _flat(tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     return {f"t{i}": t for i, t in enumerate(tensors)}
 
 
-def save(
+@dataclass(frozen=True)
+class Staged:
+    """One rank's part of a sharded save, staged: the host copy of its tensors (DCP's flat dict),
+    the encoded containers and plain values, and the group the write's collectives use."""
+
+    step: int
+    flat: dict[str, Any]
+    meta: bytes
+    group: Any
+
+
+class Saver:
+    """The sharded saves of one `Checkpointer`: the staging copies and the write's process group."""
+
+    def __init__(self) -> None:
+        self._stager: Any = None
+        self._group: Any = None
+        self._world: Any = None
+
+    def _group_for_writes(self) -> Any:
+        """A gloo group over the whole world, made once per default group (collective: every rank
+        reaches it at the same save). A new default group (an in-process restart) gets a new one."""
+        world = dist.group.WORLD
+        if self._group is None or self._world is not world:
+            self._group = dist.new_group(backend="gloo")
+            self._world = world
+        return self._group
+
+    def _stage_copy(self, flat: dict[str, torch.Tensor]) -> dict[str, Any]:
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            gpu = torch.cuda.is_available() and any(t.device.type == "cuda" for t in flat.values())
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=gpu))
+        staged = self._stager.stage(flat)
+        assert isinstance(staged, dict)
+        return staged
+
+    def stage(self, entries: dict[str, Any], stateful: list[str], step: int) -> Staged:
+        """Collective (the first time): copy this rank's shards of `entries` to host memory. The
+        training loop may change the state as soon as this returns."""
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("sharded (DTensor) state needs an initialised torch.distributed process group")
+        group = self._group_for_writes()
+        tensors: list[torch.Tensor] = []
+        structure = st.flatten(entries, tensors, {}, sharded_ok=True)
+        meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
+        with torch.no_grad():
+            flat = self._stage_copy(_flat(tensors))
+        return Staged(step, flat, meta, group)
+
+    def close(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+
+def write(
     root: Path,
-    entries: dict[str, Any],
-    stateful: list[str],
-    step: int,
+    staged: Staged,
     *,
     writers: int,
     beat: Callable[..., None],
     publish: Callable[[Path, int], Path],
     run_id: str = "",
+    fail: str | None = None,
 ) -> int | None:
-    """Collective: write this rank's shards of `entries` as checkpoint `step`. Rank 0 writes the
-    manifest and publishes; it returns the checkpoint's bytes, other ranks None. A failure on any
-    rank raises on every rank (after the last collective, so nobody waits forever)."""
+    """Collective on `staged.group`: write this rank's staged shards as checkpoint `staged.step`.
+    Rank 0 writes the manifest and publishes; it returns the checkpoint's bytes, other ranks None.
+    A failure on any rank (`fail`: a fault drill's) raises on every rank, after the last collective."""
     import torch.distributed.checkpoint as dcp
 
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("sharded (DTensor) state needs an initialised torch.distributed process group")
-    rank = dist.get_rank()
-    tensors: list[torch.Tensor] = []
-    structure = st.flatten(entries, tensors, {}, sharded_ok=True)
-    meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
+    group, step = staged.group, staged.step
+    rank = dist.get_rank(group)
     # One deterministic temp name: every rank writes into the same directory.
     tmp = root / f".tmp-{fmt.step_dir_name(step)}-dcp"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    dist.barrier()
+    dist.barrier(group=group)
     beat(force=True)
-    dcp.save(_flat(tensors), storage_writer=dcp.FileSystemWriter(str(tmp), thread_count=writers, sync_files=True))
+    writer = dcp.FileSystemWriter(str(tmp), thread_count=writers, sync_files=True)
+    dcp.save(staged.flat, storage_writer=writer, process_group=group)
     # dcp.save returns once every rank's shards are written (fsynced) and rank 0 wrote .metadata.
-    error: BaseException | None = None
-    try:
-        _write_own_crcs(tmp, rank)
-    except Exception as err:  # noqa: BLE001 - reported on every rank below
-        error = err
-    dist.barrier()
-    total: int | None = None
-    if rank == 0 and error is None:
+    error: BaseException | None = RuntimeError(fail) if fail else None
+    if error is None:
         try:
-            total = _finish(tmp, meta, step, dist.get_world_size(), run_id)
+            _write_own_crcs(tmp, rank)
+        except Exception as err:  # noqa: BLE001 - reported on every rank below
+            error = err
+    # Every rank's shards and checksums are durable before rank 0 publishes, or nobody publishes.
+    every_rank_wrote = _min_over(group, 0 if error is not None else 1) == 1
+    total: int | None = None
+    if rank == 0 and every_rank_wrote:
+        try:
+            total = _finish(tmp, staged.meta, step, dist.get_world_size(group), run_id)
             publish(tmp, step)
         except Exception as err:  # noqa: BLE001
             error = err
-            shutil.rmtree(tmp, ignore_errors=True)
-    if collectives.min_over_ranks(0 if error is not None else 1) == 0:
+    if rank == 0 and (error is not None or not every_rank_wrote):
+        shutil.rmtree(tmp, ignore_errors=True)
+    if _min_over(group, 0 if error is not None else 1) == 0 or not every_rank_wrote:
         raise error if error is not None else RuntimeError("another rank failed to write its shards (see its log)")
     return total
+
+
+def _min_over(group: Any, value: int) -> int:
+    flag = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return int(flag.item())
 
 
 def _write_own_crcs(tmp: Path, rank: int) -> None:
@@ -163,4 +236,4 @@ def load_into(path: Path, meta: dict[str, Any], state: MutableMapping[str, Any])
     st.restore(state, entries, list(meta["stateful"]))
 
 
-__all__ = ["save", "load_into", "verify"]
+__all__ = ["Saver", "Staged", "write", "load_into", "verify"]

@@ -169,10 +169,6 @@ class Writes:
         else:
             self.failed_in_a_row = 0
 
-    def landed(self) -> None:
-        """A write that bypasses the queue (a collective sharded save) succeeded."""
-        self.failed_in_a_row = 0
-
     def record_failure(self, step: int | None, err: BaseException) -> None:
         """A write failed (it was never made visible): report it loudly and let the next interval
         retry; raise `SaveFailuresExceeded` when it is the `max_failed_saves`-th in a row."""

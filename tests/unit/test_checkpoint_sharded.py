@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,10 +30,22 @@ WORKER = textwrap.dedent(
     ck = Checkpointer(dir=root, writers=2, keep_last=2)
     full = torch.arange(64, dtype=torch.float32).reshape(8, 8)
     if phase == "save":
+        w = distribute_tensor(full, mesh, [Shard(0)])
         for step in (1, 2):
-            w = distribute_tensor(full * step, mesh, [Shard(0)])
             ck.save({"w": {"weight": w}, "meta": {"epoch": step}}, step)
+            # The save returned once staged: the loop may change the state while the write runs.
+            w.to_local().mul_(2.0 if step == 1 else 100.0)
         ck.wait()
+    elif phase == "fail":  # rank 1's write of step 3 fails: nobody publishes it, every rank reports it
+        from resctl.telemetry.events import EventLog
+        ck = Checkpointer(dir=root, writers=2, keep_last=5, events=EventLog(root + "-events", rank=rank))
+        w = distribute_tensor(full * 3, mesh, [Shard(0)])
+        if rank == 1:
+            ck.fail_next_write("injected: disk gone")
+        ck.save({"w": {"weight": w}, "meta": {"epoch": 3}}, 3)
+        ck.wait()
+        assert ck.failed_in_a_row == 1, ck.failed_in_a_row
+        assert ck.last_saved_step is None, ck.last_saved_step
     else:
         w = distribute_tensor(torch.zeros(8, 8), mesh, [Shard(0)])
         state = {"w": {"weight": w}, "meta": None}
@@ -40,6 +53,7 @@ WORKER = textwrap.dedent(
         assert step == 2, step
         assert state["meta"] == {"epoch": 2}, state["meta"]
         local = state["w"]["weight"].to_local()
+        # Step 2's bytes are the state when save(2) returned, not the *100 made while it was written.
         assert torch.equal(local, (full * 2)[rank * 4:(rank + 1) * 4]), local
     dist.barrier()
     dist.destroy_process_group()
@@ -82,3 +96,21 @@ def test_dtensor_state_saves_per_rank_and_loads(tmp_path: Path) -> None:
     assert {"manifest.json", "meta.pt", ".metadata", "__0_0.distcp", "__1_0.distcp"} <= names, names
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["step-000000001", "step-000000002"]
     _run(script, root, "load")
+
+
+def test_failed_shard_write_on_one_rank_publishes_nothing_and_fails_on_every_rank(tmp_path: Path) -> None:
+    pytest.importorskip("numpy", reason="torch.distributed.checkpoint needs numpy for object collectives")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    root = tmp_path / "ck"
+    _run(script, root, "save")
+    _run(script, root, "fail")
+    # Step 3 never became visible (no directory, no temp left behind by rank 0), steps 1-2 are intact.
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["step-000000001", "step-000000002"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+    for rank in (0, 1):
+        events = [json.loads(line) for line in (tmp_path / "ck-events" / f"events-rank{rank}.jsonl").read_text().splitlines()]
+        failures = [e for e in events if e["kind"] == "ckpt_fail"]
+        assert [e["step"] for e in failures] == [3], (rank, failures)
+        assert "injected: disk gone" in failures[0]["error"] if rank == 1 else "another rank" in failures[0]["error"]
+    _run(script, root, "load")  # the newest good checkpoint still loads: step 2
