@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint import state as st
+from resctl.checkpoint.staging import Staging
 
 DCP_METADATA = ".metadata"
 SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -72,10 +73,14 @@ class Staged:
 
 
 class Saver:
-    """The sharded saves of one `Checkpointer`: the staging copies and the write's process group."""
+    """The sharded saves of one `Checkpointer`: the staging arena, the staged tensors kept between
+    saves of the same layout, and the write's process group."""
 
     def __init__(self) -> None:
-        self._stager: Any = None
+        self._staging = Staging("host")
+        self._wrapped: tuple[Any, list[torch.Tensor]] | None = None  # (layout, staged tensors)
+        self._stager: Any = None  # DCP's, for a state with ShardedTensor values
+        self._meta = st.MetaEncoder()
         self._group: Any = None
         self._world: Any = None
 
@@ -88,7 +93,29 @@ class Saver:
             self._world = world
         return self._group
 
-    def _stage_copy(self, flat: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def _stage_dtensors(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copy each tensor's local part (a DTensor's shard, a plain tensor) into the host arena in
+        one `_foreach_copy_` (pinned and non-blocking from a GPU), and return them as DCP will write
+        them: DTensors over the arena's views with the sources' mesh, placements and global shape."""
+        from torch.distributed.tensor import DTensor
+
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+        specs, total = fmt.plan_stream(local)
+        self._staging.stage(local, total, specs=specs)
+        views = self._staging.views()
+        left = iter(views)
+        placed = [next(left) if spec.nbytes else torch.empty(spec.shape, dtype=t.dtype) for t, spec in zip(local, specs)]
+        layout = (id(views), tuple(
+            (id(t.device_mesh), t.placements, t.shape, t.stride()) if isinstance(t, DTensor) else None for t in tensors))
+        if self._wrapped is not None and self._wrapped[0] == layout:
+            return self._wrapped[1]
+        staged = [DTensor.from_local(v, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+                  if isinstance(t, DTensor) else v for t, v in zip(tensors, placed)]
+        self._wrapped = (layout, staged)
+        return staged
+
+    def _stage_with_dcp(self, flat: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """ShardedTensor (FSDP1's sharded state dict): DCP's own stager (storages kept between saves)."""
         if self._stager is None:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
@@ -107,9 +134,12 @@ class Saver:
         group = self._group_for_writes()
         tensors: list[torch.Tensor] = []
         structure = st.flatten(entries, tensors, {}, sharded_ok=True)
-        meta = st.encode_meta({"step": step, "entries": structure, "stateful": stateful})
+        meta = self._meta.encode(step, structure, stateful)
         with torch.no_grad():
-            flat = self._stage_copy(_flat(tensors))
+            if any(type(t).__name__ == "ShardedTensor" for t in tensors):
+                flat = self._stage_with_dcp(_flat(tensors))
+            else:
+                flat = _flat(self._stage_dtensors(tensors))
         return Staged(step, flat, meta, group)
 
     def close(self) -> None:

@@ -81,6 +81,10 @@ class Staging:
                 torch.cuda.current_stream(device).synchronize()
         return arena.narrow(0, 0, total)
 
+    def views(self) -> list[torch.Tensor]:
+        """The arena's views of the layout staged last (its non-empty tensors, in order)."""
+        return self._views[1] if self._views is not None else []
+
     def _arena_views(self, arena: torch.Tensor, specs: list[fmt.TensorSpec], total: int) -> list[torch.Tensor]:
         """The arena's bytes viewed as the tensors of `specs` (empty ones left out), kept for the
         next save of the same layout into the same arena (256 tensors: ~1 ms of Python each time).

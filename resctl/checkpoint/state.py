@@ -150,6 +150,23 @@ def encode_meta(meta: dict[str, Any], check: bool = True) -> bytes:
     return data
 
 
+class MetaEncoder:
+    """meta.pt for the successive saves of one state: the weights_only check (a decode) only for a
+    structure unlike the last one that passed (a save every step would otherwise pay a decode each time)."""
+
+    def __init__(self) -> None:
+        self._checked: tuple[Any, list[str]] | None = None
+
+    def encode(self, step: int, structure: Any, stateful: list[str]) -> bytes:
+        meta = {"step": step, "entries": structure, "stateful": stateful}
+        seen = (structure, stateful)
+        if self._checked is not None and self._checked == seen:
+            return encode_meta(meta, check=False)
+        data = encode_meta(meta)
+        self._checked = seen
+        return data
+
+
 def decode_meta(data: bytes) -> dict[str, Any]:
     meta = torch.load(io.BytesIO(data), weights_only=True)
     if not isinstance(meta, dict):

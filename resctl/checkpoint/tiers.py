@@ -50,7 +50,7 @@ class MemoryTiers:
         self._memory: MemoryTier | None = None
         #: Why this process stopped taking memory snapshots (a failed one), or None.
         self.off: str | None = None
-        self._meta_checked: tuple[Any, list[str]] | None = None  # the last structure that passed weights_only
+        self._meta = st.MetaEncoder()  # meta.pt; the weights_only check once per structure
 
     def due(self, step: int) -> bool:
         return bool(self.every) and step % self.every == 0
@@ -90,23 +90,12 @@ class MemoryTiers:
         tensors: list[torch.Tensor] = []
         try:
             structure = st.flatten(entries, tensors, {})  # a sharded state raises: not supported here
-            meta = self._encode_meta(step, structure, stateful)
+            meta = self._meta.encode(step, structure, stateful)
             snap, _ = tier.save(tensors, meta, step, self._staging.stage, on_device=self.stage == "device")
         except Exception as err:  # noqa: BLE001 - the disk tier goes on; the memory tier stops
             self.turn_off(err)
             return None
         return snap
-
-    def _encode_meta(self, step: int, structure: Any, stateful: list[str]) -> bytes:
-        """The snapshot's meta.pt; the weights_only check is skipped for a structure equal to one
-        that passed it (a snapshot every step would otherwise pay a decode each time)."""
-        meta = {"step": step, "entries": structure, "stateful": stateful}
-        seen = (structure, stateful)
-        if self._meta_checked is not None and self._meta_checked == seen:
-            return st.encode_meta(meta, check=False)
-        data = st.encode_meta(meta)
-        self._meta_checked = seen
-        return data
 
     def pin(self, slot: int, fut: Future[None]) -> None:
         """A disk write reads `slot` until `fut` is done (the slot is not overwritten meanwhile)."""
