@@ -20,7 +20,7 @@ workers' store, the process context it started) is in the agent object:
 - **torchrun's store.** The workers' MASTER_ADDR/MASTER_PORT are the launcher's rendezvous store and
   TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun: no worker hosts the group's store, so none
   takes it away from the others when it ends first. Each round's workers get a key space of their own
-  there (`STORE_PREFIX_ENV`, `resctl.shim.agent_store`).
+  there (`contract.STORE_PREFIX`, `resctl.shim.agent_store`).
 - **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
   default). Its sleep (`LauncherClock`) also ends when a worker process exits (pidfd) or posts its
   result, so neither a dead rank nor the end of the job waits for the next poll.
@@ -58,7 +58,6 @@ from typing import Any, Callable
 from nvidia_resiliency_ext.fault_tolerance import launcher as nvrx
 
 from resctl.launch import owned_rdzv, rdzv_install, spares, stop
-from resctl.launch.adapters import AGENT_STORE_ENV, STORE_PREFIX_ENV
 from resctl.launch.preload import LatePreload
 from resctl.launch.rdzv_rounds import RendezvousView
 from resctl.launch.signal_trace import SignalTrace
@@ -504,7 +503,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         if self.shared.port is not None:
             for env in envs.values():
                 env.update({"MASTER_ADDR": self.shared.host, "MASTER_PORT": self.shared.port,
-                            AGENT_STORE_ENV: "True", STORE_PREFIX_ENV: self.shared.prefix})
+                            contract.AGENT_STORE: "True", contract.STORE_PREFIX: self.shared.prefix})
         super()._setup_local_watchdog(envs)
 
     def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
