@@ -212,18 +212,21 @@ class SharedStore:
 
 class _ProcessContextSeams:
     """What the agent changes in the process context it started for forked workers (torch's
-    `MultiprocessContext`, NVRx 0.4's copy of it), on that object only."""
+    `MultiprocessContext`, NVRx 0.4's copy of it), on that object only, through `patches`.
+
+    torch builds the context inside NVRx's `_start_workers` (`start_processes`), so a subclass of it
+    would need a module-level patch of the launcher; the two methods are replaced on the one object
+    instead, which lives as long as the workers' round (nothing to undo: the next round's is new)."""
 
     def __init__(self, agent: ResctlAgent, pcontext: Any) -> None:
         self.agent, self.pcontext = agent, pcontext
+        self.patches = Patches("agent.process_context")
         pc = getattr(pcontext, "_pc", None)  # torch.multiprocessing's ProcessContext of the workers
         if pc is not None and agent.stop_file is not None:
-            self._join = pc.join
-            pc.join = self.quick_join
+            self._join = self.patches.set(pc, "join", self.quick_join)
         self._saving_since: float | None = None  # when the first worker that left on a job stop was seen gone
         if (pc is not None and hasattr(pcontext, "_ret_vals")) or hasattr(pcontext, "subprocess_handlers"):
-            self._poll = pcontext._poll
-            pcontext._poll = self.poll_exits
+            self._poll = self.patches.set(pcontext, "_poll", self.poll_exits)
 
     def quick_join(self, timeout: float | None = None, grace_period: float | None = None) -> Any:
         """A failed worker's peers are marked as stopped for a restart and SIGTERMed at once; the
