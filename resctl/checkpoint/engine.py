@@ -71,7 +71,8 @@ class Checkpointer:
             schema's names: `dir`, `interval_steps`, `async_`, `keep_last`, `writers`, `stage`,
             `recycle`, `max_failed_saves`, `memory_every`, `memory_replicate`,
             `keep_quarantined`, ...) override it and are validated by the schema. See
-            docs/profile-reference.md (or `resctl profile show`) for what each does.
+            README.md "Profile reference" (generated from the schema: `profile.render`) or
+            `resctl profile show` for what each does.
         rank, world_size: default to torch.distributed when initialised, else env RANK /
             WORLD_SIZE, else 0 / 1 (looked up at every call: in-process restarts may renumber).
         events: an `EventLog` for `ckpt_stall`, `ckpt_persist`, `ckpt_prune`, `ckpt_skip`, ...

@@ -45,6 +45,7 @@ from resctl.checkpoint import format as fmt
 from resctl.checkpoint import state as st
 from resctl.checkpoint.errors import CheckpointError
 from resctl.checkpoint.writes import WriteQueue
+from resctl.patching import Patches
 
 SIDECAR_SUFFIX = ".resctl.json"
 EXTRA_MARK = ".resctl-extra-"
@@ -57,17 +58,15 @@ _cleaned_dirs: set[str] = set()
 _STARTED = time.time()
 _PLAIN = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
-_installed: tuple[Callable[..., Any], Callable[..., Any], str, WriteQueue] | None = None
+#: torch.save/torch.load while installed (one install at a time: a second replaces the first).
+_PATCHES = Patches("checkpoint.intercept")
 
 
 def install(glob: str, queue: WriteQueue) -> None:
     """Patch torch.save/torch.load for paths matching `glob`, writing through `queue` (the
     checkpointer's `writes`, handed in by whoever installs: the shim, a test)."""
-    global _installed
-    if _installed is not None:
-        uninstall()
+    uninstall()
     orig_save, orig_load = torch.save, torch.load
-    _installed = (orig_save, orig_load, glob, queue)
     if queue.rank == 0:
         remove_leftovers(Path(os.path.dirname(os.path.abspath(re.split(r"[*?\[]", glob)[0] + "x"))))
 
@@ -91,19 +90,13 @@ def install(glob: str, queue: WriteQueue) -> None:
 
     save.__doc__ = orig_save.__doc__
     load.__doc__ = orig_load.__doc__
-    torch.save = save
-    torch.load = load
+    _PATCHES.set(torch, "save", save)
+    _PATCHES.set(torch, "load", load)
 
 
 def uninstall() -> None:
     """Restore the original torch.save/torch.load (pending writes keep running)."""
-    global _installed
-    if _installed is None:
-        return
-    orig_save, orig_load, _, _ = _installed
-    torch.save = orig_save
-    torch.load = orig_load
-    _installed = None
+    _PATCHES.undo()
 
 
 def sidecar(path: Path) -> Path:

@@ -116,59 +116,80 @@ def measure(directory: Path, total_bytes: int, writers: int,
     Raises:
         OSError: the directory is not writable or the disk filled up.
     """
-    writers = max(1, writers)
-    # whole 4 KiB blocks, so the O_DIRECT phase writes exactly the same bytes
-    per = max(4096, math.ceil(total_bytes / writers / 4096) * 4096)
-    chunk = min(CHUNK, per)
-    total = per * writers
-    aligned = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT requires
-    aligned.write(os.urandom(chunk))  # incompressible: compressing file systems must not flatter the number
-    data = memoryview(aligned)
-    work = Path(tempfile.mkdtemp(prefix=".resctl-doctor-", dir=directory))
-    files = [work / f"w{i}.bin" for i in range(writers)]
-    done = [0]
-    lock = threading.Lock()
-    errors: list[BaseException] = []
+    bench = _Bench(directory, total_bytes, max(1, writers), progress, cancel)
+    try:
+        write_s = bench.parallel(bench.writer(0, "write"))
+        _fsync_dir(bench.work)
+        bench.drop_cache()
+        read_s = bench.parallel(bench.read)
+        direct_s = bench.direct_write() if direct else None
+        return Throughput(bench.total, bench.writers, write_s, read_s, bench.read_method, direct_s)
+    finally:
+        bench.close()
 
-    def tick(phase: str, n: int) -> None:
-        with lock:
-            done[0] += n
-            now = done[0]
-        if progress is not None:
-            progress(phase, now, total)
 
-    def parallel(fn: Callable[[Path], None]) -> float:
-        threads = [threading.Thread(target=_guard(fn, errors), args=(f,), daemon=True) for f in files]
+class _Bench:
+    """One `measure`: its files (whole 4 KiB blocks each, so the O_DIRECT phase writes exactly the same
+    bytes), its incompressible page-aligned buffer, the bytes done in the current phase, the threads' errors."""
+
+    def __init__(self, directory: Path, total_bytes: int, writers: int,
+                 progress: Callable[[str, int, int], None] | None, cancel: threading.Event | None) -> None:
+        self.writers, self.progress, self.cancel = writers, progress, cancel
+        self.per = max(4096, math.ceil(total_bytes / writers / 4096) * 4096)
+        self.chunk = min(CHUNK, self.per)
+        self.total = self.per * writers
+        self.aligned = mmap.mmap(-1, self.chunk)  # page-aligned, as O_DIRECT requires
+        self.aligned.write(os.urandom(self.chunk))  # incompressible: compressing file systems must not flatter it
+        self.data = memoryview(self.aligned)
+        self.work = Path(tempfile.mkdtemp(prefix=".resctl-doctor-", dir=directory))
+        self.files = [self.work / f"w{i}.bin" for i in range(writers)]
+        self.done = 0
+        self.lock = threading.Lock()
+        self.errors: list[BaseException] = []
+        self.read_method = "O_DIRECT"
+
+    def tick(self, phase: str, n: int) -> None:
+        with self.lock:
+            self.done += n
+            now = self.done
+        if self.progress is not None:
+            self.progress(phase, now, self.total)
+
+    def check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled()
+
+    def parallel(self, fn: Callable[[Path], None]) -> float:
+        """Run `fn` on every file, one thread each; seconds until the last returned (a thread's error raised)."""
+        self.done = 0
+        threads = [threading.Thread(target=_guard(fn, self.errors), args=(f,), daemon=True) for f in self.files]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - t0
-        if errors:
-            raise errors[0]
+        if self.errors:
+            raise self.errors[0]
         return elapsed
 
-    def writer(flags: int, phase: str) -> Callable[[Path], None]:
+    def writer(self, flags: int, phase: str) -> Callable[[Path], None]:
         def write(path: Path) -> None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o600)
             try:
-                left = per
+                left = self.per
                 while left:
-                    if cancel is not None and cancel.is_set():
-                        raise Cancelled()
-                    n = os.write(fd, data[: min(chunk, left)])
+                    self.check_cancel()
+                    n = os.write(fd, self.data[: min(self.chunk, left)])
                     left -= n
-                    tick(phase, n)
+                    self.tick(phase, n)
                 os.fsync(fd)
             finally:
                 os.close(fd)
         return write
 
-    method = ["O_DIRECT"]
-
-    def read(path: Path) -> None:
-        buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT requires
+    def read(self, path: Path) -> None:
+        buf = mmap.mmap(-1, self.chunk)  # page-aligned, as O_DIRECT requires
         fd = -1
         try:
             try:
@@ -178,51 +199,53 @@ def measure(directory: Path, total_bytes: int, writers: int,
                 if fd >= 0:
                     os.close(fd)
                 fd = os.open(path, os.O_RDONLY)
-                method[0] = "fadvise"
+                self.read_method = "fadvise"
                 n = os.readv(fd, [buf])
             while n > 0:
-                tick("read", n)
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled()
+                self.tick("read", n)
+                self.check_cancel()
                 n = os.readv(fd, [buf])
         finally:
             if fd >= 0:
                 os.close(fd)
             buf.close()
 
-    try:
-        write_s = parallel(writer(0, "write"))
-        dfd = os.open(work, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        write_s_total = write_s
-        for f in files:
+    def drop_cache(self) -> None:
+        """The page cache forgets the files written, so the read phase reads the disk."""
+        for f in self.files:
             fd = os.open(f, os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-        done[0] = 0
-        read_s = parallel(read)
-        direct_s = None
+
+    def direct_write(self) -> float | None:
+        """The O_DIRECT write into fresh files; None where the OS or the file system has no O_DIRECT."""
         flag = getattr(os, "O_DIRECT", 0)
-        if direct and flag:
-            for f in files:
-                f.unlink()
-            done[0] = 0
-            try:
-                direct_s = parallel(writer(flag, "write O_DIRECT"))
-            except OSError as err:
-                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
-                    raise
-                errors.clear()  # this file system refuses O_DIRECT: no device number, not an error
-        return Throughput(total, writers, write_s_total, read_s, method[0], direct_s)
+        if not flag:
+            return None
+        for f in self.files:
+            f.unlink()
+        try:
+            return self.parallel(self.writer(flag, "write O_DIRECT"))
+        except OSError as err:
+            if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            self.errors.clear()  # this file system refuses O_DIRECT: no device number, not an error
+            return None
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.data.release()
+        self.aligned.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    dfd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-        data.release()
-        aligned.close()
+        os.close(dfd)
 
 
 def _guard(fn: Callable[[Path], None], errors: list[BaseException]) -> Callable[[Path], None]:

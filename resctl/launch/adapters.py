@@ -28,13 +28,8 @@ from typing import Any
 
 from resctl.launch import fork_signals, launcher_logs, spares
 from resctl.patching import Patches
-from resctl.profile import contract
 
 PATCHES = Patches("launcher")
-
-AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
-#: The key space of this rendezvous round's workers in the launcher's store (resctl.shim.agent_store).
-STORE_PREFIX_ENV = contract.STORE_PREFIX
 
 
 def _titled_rank_monitors(patches: Patches) -> None:

@@ -20,7 +20,7 @@ workers' store, the process context it started) is in the agent object:
 - **torchrun's store.** The workers' MASTER_ADDR/MASTER_PORT are the launcher's rendezvous store and
   TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun: no worker hosts the group's store, so none
   takes it away from the others when it ends first. Each round's workers get a key space of their own
-  there (`STORE_PREFIX_ENV`, `resctl.shim.agent_store`).
+  there (`contract.STORE_PREFIX`, `resctl.shim.agent_store`).
 - **Wake on worker exit.** The launcher polls its workers every `--monitor-interval` (5 s, the AWS
   default). Its sleep (`LauncherClock`) also ends when a worker process exits (pidfd) or posts its
   result, so neither a dead rank nor the end of the job waits for the next poll.
@@ -58,7 +58,6 @@ from typing import Any, Callable
 from nvidia_resiliency_ext.fault_tolerance import launcher as nvrx
 
 from resctl.launch import owned_rdzv, rdzv_install, spares, stop
-from resctl.launch.adapters import AGENT_STORE_ENV, STORE_PREFIX_ENV
 from resctl.launch.preload import LatePreload
 from resctl.launch.rdzv_rounds import RendezvousView
 from resctl.launch.signal_trace import SignalTrace
@@ -213,18 +212,21 @@ class SharedStore:
 
 class _ProcessContextSeams:
     """What the agent changes in the process context it started for forked workers (torch's
-    `MultiprocessContext`, NVRx 0.4's copy of it), on that object only."""
+    `MultiprocessContext`, NVRx 0.4's copy of it), on that object only, through `patches`.
+
+    torch builds the context inside NVRx's `_start_workers` (`start_processes`), so a subclass of it
+    would need a module-level patch of the launcher; the two methods are replaced on the one object
+    instead, which lives as long as the workers' round (nothing to undo: the next round's is new)."""
 
     def __init__(self, agent: ResctlAgent, pcontext: Any) -> None:
         self.agent, self.pcontext = agent, pcontext
+        self.patches = Patches("agent.process_context")
         pc = getattr(pcontext, "_pc", None)  # torch.multiprocessing's ProcessContext of the workers
         if pc is not None and agent.stop_file is not None:
-            self._join = pc.join
-            pc.join = self.quick_join
+            self._join = self.patches.set(pc, "join", self.quick_join)
         self._saving_since: float | None = None  # when the first worker that left on a job stop was seen gone
         if (pc is not None and hasattr(pcontext, "_ret_vals")) or hasattr(pcontext, "subprocess_handlers"):
-            self._poll = pcontext._poll
-            pcontext._poll = self.poll_exits
+            self._poll = self.patches.set(pcontext, "_poll", self.poll_exits)
 
     def quick_join(self, timeout: float | None = None, grace_period: float | None = None) -> Any:
         """A failed worker's peers are marked as stopped for a restart and SIGTERMed at once; the
@@ -504,7 +506,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         if self.shared.port is not None:
             for env in envs.values():
                 env.update({"MASTER_ADDR": self.shared.host, "MASTER_PORT": self.shared.port,
-                            AGENT_STORE_ENV: "True", STORE_PREFIX_ENV: self.shared.prefix})
+                            contract.AGENT_STORE: "True", contract.STORE_PREFIX: self.shared.prefix})
         super()._setup_local_watchdog(envs)
 
     def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,19 +1,27 @@
-"""Every private name of NVRx and torch that resctl's launcher touches, with the NVRx releases each was
-checked on. A release that renames one breaks the launcher silently; this list makes it loud:
-`tests/unit/test_nvrx_private.py` fails when the installed NVRx (CI runs both 0.4.1 and 0.7.0) lacks
-one, and `resctl.launch.ft_entry` refuses to start a launcher that lacks one (exit 2, before any worker).
+"""Every private name of NVRx and torch that resctl touches (the launcher, the shim, the checkpointer), with
+the releases each was checked on. A release that renames one breaks a job silently; this list makes it loud:
+`tests/unit/test_nvrx_private.py` fails when the installed NVRx (CI runs both 0.4.1 and 0.7.0) or torch
+lacks one, `tests/unit/test_private_names.py` fails on a private torch/NVRx name in resctl's source that is
+not listed here, and `resctl.launch.ft_entry` refuses to start a launcher whose NVRx or torch lacks one
+(exit 2, before any worker).
 
 Which code uses each: `resctl.launch.agent` (the agent's seams and state), `resctl.launch.adapters`
-(what cannot be a method of the agent). Public names (`LocalElasticAgent`, `RankMonitorServer.run`,
-`get_args_parser`, `ProcessContext.join`) are not listed; a change there fails at import or in the tests.
+(what cannot be a method of the agent), `resctl.launch.spares`, `resctl.launch.rdzv_install`, and the
+workers' side (`resctl.shim`, `resctl.checkpoint`: the torch names at the end). Public names
+(`LocalElasticAgent`, `RankMonitorServer.run`, `get_args_parser`, `ProcessContext.join`) are not
+listed; a change there fails at import or in the tests.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import platform
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 #: NVRx 0.4/0.5 carry their own copy of torch elastic; 0.6+ use torch's.
@@ -23,6 +31,8 @@ COMPAT_RDZV = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rende
 COMPAT_API = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server.api"
 FT_RDZV = "nvidia_resiliency_ext.fault_tolerance._ft_rendezvous"
 BOTH = ("0.4.1", "0.7.0")
+#: The torch release the torch names were checked on (under both NVRx releases).
+TORCH_CHECKED = ("2.13.0",)
 
 
 @dataclass(frozen=True)
@@ -31,9 +41,11 @@ class Private:
 
     Attributes:
         kind: "method" or "attribute" (looked up on the owner), "instance" (assigned as `self.NAME`
-            in the owner's code: an instance attribute the agent reads or writes).
+            in the owner's code: an instance attribute resctl reads or writes), "module" (a private
+            module `owner.NAME`).
         series: the ft_launcher series ("0.4", "0.6+") whose code has it; both when ("0.4", "0.6+").
         checked: NVRx releases it was verified on.
+        torch_checked: for torch's names used by the workers, the torch releases it was verified on.
     """
 
     owner: str
@@ -42,10 +54,22 @@ class Private:
     why: str
     series: tuple[str, ...] = ("0.4", "0.6+")
     checked: tuple[str, ...] = BOTH
+    torch_checked: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
         return f"{self.owner.rsplit('.', 1)[-1]}.{self.name}"
+
+    @property
+    def path(self) -> str:
+        """The dotted path as source spells it (`torch.distributed.distributed_c10d._get_default_store`)."""
+        return f"{self.owner.replace(':', '.')}.{self.name}"
+
+    @property
+    def library(self) -> str:
+        """Whose release decides: NVRx's, torch's, or Python's (a standard-library object torch hands resctl)."""
+        top = self.owner.split(".", 1)[0]
+        return {"nvidia_resiliency_ext": "NVRx", "torch": "torch"}.get(top, "Python")
 
 
 def _agent(name: str, kind: str, why: str) -> Private:
@@ -127,6 +151,44 @@ NAMES: tuple[Private, ...] = (
             ("0.4",), ("0.4.1",)),
     Private(TORCH_MP, "_terminate_process_handler", "attribute", "the stop signals' handler the agent takes over",
             ("0.6+",), ("0.7.0",)),
+    Private("multiprocessing.queues:SimpleQueue", "_reader", "instance",
+            "the result queues' read end (torch's `_ret_vals`): its fd wakes the monitor sleep"),
+    # resctl's rendezvous on NVRx 0.4 (`resctl.launch.rdzv_install`): the compat agent's seams
+    Private("nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.c10d_rendezvous_backend",
+            "C10dRendezvousBackend", "attribute", "0.4: the backend of resctl's rendezvous and of the spares' view",
+            ("0.4",), ("0.4.1",)),
+    Private(f"{COMPAT_API}:SimpleElasticAgent", "_rendezvous", "method", "0.4: the round's spec to resctl's handler",
+            ("0.4",), ("0.4.1",)),
+    Private(f"{COMPAT_API}:SimpleElasticAgent", "_share_and_gather", "method",
+            "0.4: nodes' local world sizes from resctl's round outcome", ("0.4",), ("0.4.1",)),
+    # NVRx 0.4's own rendezvous (`resctl.launch.spares`: the spare's console lines, launch.rendezvous = "nvrx")
+    Private(FT_RDZV, "_RendezvousJoinOp", "attribute", "its __call__: a line when a node becomes or stops being a "
+            "spare", ("0.4",), ("0.4.1",)),
+    Private(FT_RDZV, "_Action", "attribute", "REMOVE_FROM_REDUNDANCY_LIST: the spare joins", ("0.4",), ("0.4.1",)),
+    Private(f"{FT_RDZV}:_BackendRendezvousStateHolder", "_last_sync_time", "instance",
+            "set to -inf so that the next sync reads the store", ("0.4",), ("0.4.1",)),
+    # torch, in the workers (the shim, the checkpointer): checked on TORCH_CHECKED under both NVRx releases
+    *(Private(owner, name, kind, why, torch_checked=TORCH_CHECKED) for owner, name, kind, why in (
+        ("torch.distributed.distributed_c10d", "_get_default_store", "attribute",
+         "the default group's store: checkpoint agreement (checkpoint/agree.py), the stop step (shim/stopstep.py)"),
+        ("torch.distributed.rendezvous", "_create_c10d_store", "attribute",
+         "wrapped: a worker's env:// store joins this round's key space (shim/agent_store.py)"),
+        ("torch", "_foreach_copy_", "attribute", "one batched copy into the staging arena (checkpoint/staging.py)"),
+        ("torch.utils.data:DataLoader", "_index_sampler", "attribute",
+         "patched (checkpoint/dataposition.py): a resumed pass skips what was consumed"),
+        ("torch.utils.data:DataLoader", "_iterator", "instance", "the persistent workers' iterator, resumed in place"),
+        ("torch.utils.data.dataloader:_BaseDataLoaderIter", "_num_yielded", "instance",
+         "how many batches the pass yielded (the data position)"),
+        ("torch.utils.data.dataloader:_BaseDataLoaderIter", "_index_sampler", "instance",
+         "a persistent iterator's sampler, replaced on resume (checkpoint/datapass.py)"),
+        ("torch.nn.parallel:DistributedDataParallel", "_check_comm_hook", "method",
+         "the script's own comm hook checked as DDP checks it (shim/busy.py)"),
+        ("torch.distributed.tensor", "_random", "module", "DTensor's RNG state (shim/fresh.py)"),
+        ("torch.distributed.tensor._random", "_rng_tracker", "attribute",
+         "reset before an in-process restart (shim/fresh.py)"),
+        ("torch", "_dynamo", "module", "preloaded beside forked workers (launch/preload.py), reset before an "
+         "in-process restart (shim/fresh.py)"),
+    )),
 )
 
 
@@ -138,25 +200,72 @@ def _resolve(owner: str) -> object:
     return obj
 
 
+@functools.lru_cache(maxsize=None)
+def _source(klass: type) -> str:
+    try:
+        return inspect.getsource(klass)
+    except (OSError, TypeError):  # a builtin, or no source shipped
+        return ""
+
+
 def _assigned(cls: type, name: str) -> bool:
-    pattern = re.compile(rf"\bself\.{re.escape(name)}\s*(?::[^=\n]+)?=")
-    for klass in inspect.getmro(cls):
-        try:
-            if pattern.search(inspect.getsource(klass)):
-                return True
-        except (OSError, TypeError):  # a builtin, or no source shipped
-            continue
-    return False
+    other = r"self\.\w+\s*,\s*"  # `self.a, self.NAME = ...` assigns it too
+    pattern = re.compile(rf"^\s*(?:{other})*self\.{re.escape(name)}\s*(?::[^=\n]+)?(?:,\s*self\.\w+\s*)*=(?!=)",
+                         re.MULTILINE)
+    return any(pattern.search(_source(klass)) for klass in inspect.getmro(cls))
+
+
+def _unloaded_source(module: str) -> Path | None:
+    """The source file of `module` when it is not imported yet (found without importing it or its packages:
+    `torch._dynamo` or `torch.distributed.tensor` would cost the launcher a second each), else None."""
+    if module in sys.modules:
+        return None
+    parts = module.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        package = sys.modules.get(".".join(parts[:cut]))
+        for base in getattr(package, "__path__", None) or ():
+            where = Path(base, *parts[cut:])
+            for candidate in (where.with_suffix(".py"), where / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
+    return None
+
+
+def _in_unloaded(entry: Private) -> bool | None:
+    """Whether a module-level name (or a module) is in the installed source of a module not imported yet; None
+    when the module is imported (look it up) or not found by its path (import it)."""
+    module, _, qualname = entry.owner.partition(":")
+    if qualname:
+        return None
+    if entry.kind == "module":
+        full = f"{module}.{entry.name}"
+        return True if full in sys.modules or _unloaded_source(full) is not None else None
+    source = _unloaded_source(module)
+    if source is None:
+        return None
+    text = source.read_text(encoding="utf-8", errors="replace")
+    name = re.escape(entry.name)
+    return re.search(rf"^(?:(?:async\s+)?def\s+|class\s+)?{name}\b\s*[:=(]", text, re.MULTILINE) is not None
 
 
 def present(entry: Private) -> bool:
-    """The installed NVRx/torch has this name where resctl looks for it."""
+    """The installed NVRx/torch has this name where resctl looks for it (a module not imported yet is read,
+    not imported)."""
+    unloaded = _in_unloaded(entry)
+    if unloaded is not None:
+        return unloaded
     try:
         owner = _resolve(entry.owner)
     except (ImportError, AttributeError):
         return False
     if entry.kind == "instance":
         return isinstance(owner, type) and _assigned(owner, entry.name)
+    if entry.kind == "module":
+        try:
+            importlib.import_module(f"{entry.owner}.{entry.name}")
+        except ImportError:
+            return False
+        return True
     return hasattr(owner, entry.name)
 
 
@@ -177,6 +286,12 @@ def refusal(version: str) -> str | None:
     lacking = missing(series)
     if not lacking:
         return None
-    return (f"NVRx {version} lacks {', '.join(e.label for e in lacking)}, which resctl's launcher needs "
-            f"(resctl.launch.nvrx_private; checked on {', '.join(CHECKED)}): resctl drives NVRx {SUPPORTED}. "
-            "Install one of those (pip install 'nvidia-resiliency-ext>=0.6,<0.8', or 0.4.1 on glibc < 2.39).")
+    import torch
+
+    versions = {"NVRx": version, "torch": torch.__version__, "Python": platform.python_version()}
+    said = [f"{lib} {versions[lib]} lacks {', '.join(e.label for e in lacking if e.library == lib)}"
+            for lib in versions if any(e.library == lib for e in lacking)]
+    return (f"{'; '.join(said)}, which resctl needs (resctl.launch.nvrx_private; checked on NVRx "
+            f"{', '.join(CHECKED)} with torch {', '.join(TORCH_CHECKED)}): resctl drives NVRx {SUPPORTED}. "
+            "Install one of those (pip install 'nvidia-resiliency-ext>=0.6,<0.8', or 0.4.1 on glibc < 2.39), "
+            "with a torch it was checked on.")

@@ -10,6 +10,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from resctl.patching import Patches
 from resctl.profile import contract
 
 # Imported once in the launcher when workers are forked from it, so no worker pays for them again:
@@ -151,11 +152,12 @@ class ExitHandlers:
                 cls.recorded.append((func, args, kwargs))
             return real(func, *args, **kwargs)
 
-        atexit.register = register  # type: ignore[assignment]
+        patches = Patches("preload.recording")
+        patches.set(atexit, "register", register)
         try:
             yield
         finally:
-            atexit.register = real  # type: ignore[assignment]
+            patches.undo()
 
     @classmethod
     def at_import(cls) -> list[ExitHandler]:

@@ -45,6 +45,9 @@ SHM_LAUNCH = "RESCTL_SHM_LAUNCH"
 REPLICA_ADDR = "RESCTL_REPLICA_ADDR"
 REPLICA_HOST = "RESCTL_REPLICA_HOST"
 SLURM_REQUEUE_FILE = "RESCTL_SLURM_REQUEUE_FILE"
+#: torch elastic's own name (not resctl's): "True" tells the workers that MASTER_ADDR/MASTER_PORT is the
+#: launcher's store (launcher -> workers, as torchrun sets it; `resctl.shim.agent_store` reads it).
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 #: Every name, who sets it and what it says (docs/architecture.md points here).
 ENV: dict[str, str] = {

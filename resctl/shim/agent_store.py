@@ -17,17 +17,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from resctl.launch.adapters import AGENT_STORE_ENV, STORE_PREFIX_ENV
 from resctl.patching import Patches
+from resctl.profile import contract
 
 
 def uses_agent_store(env: Any = os.environ) -> bool:
-    return bool(env.get(AGENT_STORE_ENV) == "True")
+    return bool(env.get(contract.AGENT_STORE) == "True")
 
 
 def round_prefix(env: Any = os.environ) -> str:
     """This round's key space in the launcher's store."""
-    return env.get(STORE_PREFIX_ENV) or f"/worker/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return env.get(contract.STORE_PREFIX) or f"/worker/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def prefix_per_cycle(patches: Patches) -> None:

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from resctl.patching import Patches
+
 
 @dataclass
 class FreshState:
@@ -59,7 +61,8 @@ class FreshState:
             done.append("torch.cuda")
         dtensor_random = sys.modules.get("torch.distributed.tensor._random")
         if dtensor_random is not None and getattr(dtensor_random, "_rng_tracker", None) is not None:
-            setattr(dtensor_random, "_rng_tracker", None)
+            # through Patches as every change to torch is; never undone: the failed iteration's tracker must not return
+            Patches("shim.fresh").set(dtensor_random, "_rng_tracker", None)
             done.append("dtensor rng tracker")
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()

@@ -2,9 +2,9 @@
 layers, no circle between packages, no module over `MAX_MODULE_LINES`, no class over `MAX_CLASS_LINES`.
 
 Read from the source (ast), so it costs milliseconds and sees every import: module-level,
-inside functions (deferred) and under TYPE_CHECKING. Circles between modules are looked for among the
-imports that run when a module is imported (module level, TYPE_CHECKING blocks included: a type-only
-circle is a circle in the design); circles between packages, and layers, among all of them.
+inside functions (deferred) and under TYPE_CHECKING. Circles between modules are looked for among all
+of them: a deferred import hides a circle from the interpreter, not from the design (nor does a
+TYPE_CHECKING block); so are circles between packages, and layers.
 docs/architecture.md draws the same layers.
 """
 
@@ -133,8 +133,18 @@ def test_every_module_has_a_layer() -> None:
 
 
 def test_no_import_circles() -> None:
-    eager, _ = _graph()
+    eager, every = _graph()
     assert cycles(eager) == []
+    assert cycles(every) == [], "deferred (function-level) imports count: move the shared name below both"
+
+
+def test_deferred_imports_count_for_circles(tmp_path: Path) -> None:
+    """An import inside a function is an edge of the graph the circle check reads."""
+    module = tmp_path / "x.py"
+    module.write_text("def f():\n    from resctl import y\n", encoding="utf-8")
+    eager, every = _imports("resctl.x", module, {"resctl.x": module, "resctl.y": tmp_path / "y.py"})
+    assert (eager, every) == (set(), {"resctl.y"})
+    assert cycles({"resctl.x": every, "resctl.y": {"resctl.x"}}) == [["resctl.x", "resctl.y"]]
 
 
 def test_no_import_climbs_a_layer() -> None:

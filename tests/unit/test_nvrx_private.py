@@ -36,6 +36,37 @@ def test_a_name_the_installed_nvrx_lacks_is_reported(monkeypatch: pytest.MonkeyP
     assert "0.4.x or 0.6.x-0.7.x" in why
 
 
+def test_the_torch_names_the_workers_touch_are_in_the_installed_torch_imported_too() -> None:
+    """The launcher reads a module it has not imported (torch._dynamo costs a second); importing agrees."""
+    import importlib
+
+    import torch
+
+    names = [e for e in nvrx_private.NAMES if e.torch_checked]
+    assert {"_get_default_store", "_rng_tracker", "_dynamo", "_num_yielded"} <= {e.name for e in names}
+    for entry in names:
+        assert nvrx_private.present(entry), entry.label
+        if ":" not in entry.owner:
+            module = importlib.import_module(entry.owner)
+            assert hasattr(module, entry.name) or entry.kind == "module", entry.path
+            if entry.kind == "module":
+                importlib.import_module(entry.path)
+    if torch.__version__.split("+")[0] in nvrx_private.TORCH_CHECKED:
+        assert all(torch.__version__.split("+")[0] in e.torch_checked for e in names)
+
+
+def test_a_torch_name_the_installed_torch_lacks_is_refused_naming_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    gone = nvrx_private.Private("torch.distributed.tensor._random", "_renamed_tracker", "attribute", "a test")
+    module = nvrx_private.Private("torch", "_no_such_module", "module", "a test")
+    assert not nvrx_private.present(gone) and not nvrx_private.present(module)
+    monkeypatch.setattr(nvrx_private, "NAMES", (*nvrx_private.NAMES, gone))
+    why = nvrx_private.refusal(VERSION)
+    assert why is not None and f"torch {torch.__version__} lacks _random._renamed_tracker" in why
+    assert f"NVRx {VERSION} lacks" not in why
+
+
 @pytest.mark.parametrize("version", ["0.5.0", "0.8.0", "1.0.0", "0.3.2"])
 def test_a_version_out_of_range_is_refused_with_the_range(version: str) -> None:
     why = nvrx_private.refusal(version)
