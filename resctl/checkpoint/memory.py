@@ -366,8 +366,9 @@ class MemoryTier:
         problems = reader.fit_problems(meta["entries"], manifest.tensors, current)
         if problems:
             raise CheckpointMismatch(f"memory snapshot step {step} does not fit the state: " + "; ".join(problems[:5]))
+        sharded = _sharded_targets(meta, current)
         data = map_snapshot(path / DATA, manifest.stream_bytes)
-        devices = _upload_devices(meta["entries"], manifest.tensors, current)
+        devices = None if sharded else _upload_devices(meta["entries"], manifest.tensors, current)
         staged: list[torch.Tensor] | None = None
         if data is None:
             got = checksum(b"")
@@ -412,8 +413,8 @@ class MemoryTier:
             dtype = fmt.dtype_from_name(spec.dtype)
             part = src.narrow(0, spec.offset, spec.nbytes).view(dtype).view(spec.shape)
             dst = targets.get(i)
-            if dst is not None and dst.dtype == dtype and tuple(dst.shape) == spec.shape:
-                dst.copy_(part)
+            if dst is not None and dst.dtype == dtype and tuple(_local(dst).shape) == spec.shape:
+                _local(dst).copy_(part)  # a DTensor: this rank's part, in place
                 copied.append(spec)
             elif home.type == "cpu" or len(spec.shape) == 0:
                 dst = part  # zero copy: the snapshot's pages become the state's
@@ -527,9 +528,10 @@ class MemoryTier:
 
 
 def _pair(saved: Any, current: Any, out: dict[int, torch.Tensor]) -> None:
-    """Map each tensor placeholder of a saved structure to the state's tensor at the same place."""
+    """Map each tensor placeholder of a saved structure to the state's tensor at the same place (a
+    DTensor too: its local part is copied into, `_local`)."""
     if st.is_placeholder(saved):
-        if isinstance(current, torch.Tensor) and current.is_contiguous() and not st.is_sharded(current):
+        if isinstance(current, torch.Tensor) and _local(current).is_contiguous():
             out.setdefault(saved[1], current)
         return
     if isinstance(saved, Mapping) and isinstance(current, Mapping):
@@ -538,6 +540,27 @@ def _pair(saved: Any, current: Any, out: dict[int, torch.Tensor]) -> None:
     elif isinstance(saved, (list, tuple)) and isinstance(current, (list, tuple)):
         for a, b in zip(saved, current):
             _pair(a, b, out)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """What a snapshot holds of `t`: this rank's part of a DTensor, else `t`."""
+    return t.to_local() if st.is_sharded(t) and hasattr(t, "to_local") else t
+
+
+def _sharded_targets(meta: Mapping[str, Any], current: Mapping[str, Any]) -> dict[int, torch.Tensor]:
+    """The state's DTensors for a sharded snapshot's local parts; raises when one is missing (a
+    local part cannot become a DTensor without the state's mesh and placements)."""
+    local = list(meta.get("local", ()))
+    if not local:
+        return {}
+    targets: dict[int, torch.Tensor] = {}
+    _pair(meta["entries"], current, targets)
+    missing = [i for i in local if i not in targets or not st.is_sharded(targets[i])]
+    if missing:
+        raise CheckpointMismatch(f"{len(missing)} sharded tensors of the snapshot have no DTensor in the state to "
+                                 "restore into (an optimizer needs its state before a load, as for a sharded disk "
+                                 "checkpoint)")
+    return {i: targets[i] for i in local}
 
 
 def _home_device(entries: Mapping[str, Any]) -> torch.device:

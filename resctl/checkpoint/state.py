@@ -82,6 +82,24 @@ def flatten(
     return obj
 
 
+def local_parts(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """Each DTensor replaced by this rank's part of it (`to_local()`, no copy), and the indices of
+    those: what a rank keeps of a sharded state in its own memory (the memory tier). A
+    ShardedTensor (FSDP1's sharded state dict) is refused: its local shards are a list."""
+    out: list[torch.Tensor] = []
+    local: list[int] = []
+    for i, t in enumerate(tensors):
+        if type(t).__name__ == "ShardedTensor":
+            raise UnsupportedState("a ShardedTensor (FSDP1's sharded state dict) in the memory tier: use FSDP2 "
+                                   "(DTensor) or a local/full state dict; disk checkpoints take it as it is")
+        if is_sharded(t):
+            out.append(t.to_local())  # type: ignore[attr-defined]
+            local.append(i)
+        else:
+            out.append(t)
+    return out, local
+
+
 def is_placeholder(obj: Any) -> bool:
     return isinstance(obj, tuple) and len(obj) == 2 and obj[0] == TENSOR_MARK and isinstance(obj[1], int)
 
@@ -155,11 +173,14 @@ class MetaEncoder:
     structure unlike the last one that passed (a save every step would otherwise pay a decode each time)."""
 
     def __init__(self) -> None:
-        self._checked: tuple[Any, list[str]] | None = None
+        self._checked: tuple[Any, list[str], list[int] | None] | None = None
 
-    def encode(self, step: int, structure: Any, stateful: list[str]) -> bytes:
-        meta = {"step": step, "entries": structure, "stateful": stateful}
-        seen = (structure, stateful)
+    def encode(self, step: int, structure: Any, stateful: list[str], local: list[int] | None = None) -> bytes:
+        """`local`: the indices of tensors saved as this rank's part of a DTensor (`local_parts`)."""
+        meta: dict[str, Any] = {"step": step, "entries": structure, "stateful": stateful}
+        if local:
+            meta["local"] = local
+        seen = (structure, stateful, local)
         if self._checked is not None and self._checked == seen:
             return encode_meta(meta, check=False)
         data = encode_meta(meta)

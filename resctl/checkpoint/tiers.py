@@ -89,9 +89,10 @@ class MemoryTiers:
         entries, stateful = st.snapshot_entries(state)
         tensors: list[torch.Tensor] = []
         try:
-            structure = st.flatten(entries, tensors, {})  # a sharded state raises: not supported here
-            meta = self._meta.encode(step, structure, stateful)
-            snap, _ = tier.save(tensors, meta, step, self._staging.stage, on_device=self.stage == "device")
+            structure = st.flatten(entries, tensors, {}, sharded_ok=True)
+            parts, local = st.local_parts(tensors)  # a DTensor: this rank's shard of it
+            meta = self._meta.encode(step, structure, stateful, local)
+            snap, _ = tier.save(parts, meta, step, self._staging.stage, on_device=self.stage == "device")
         except Exception as err:  # noqa: BLE001 - the disk tier goes on; the memory tier stops
             self.turn_off(err)
             return None

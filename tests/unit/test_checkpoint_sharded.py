@@ -65,7 +65,7 @@ WORKER = textwrap.dedent(
 )
 
 
-def _run(script: Path, root: Path, phase: str) -> None:
+def _run(script: Path, root: Path, phase: str, **extra: str) -> None:
     port = free_port()
     repo = Path(__file__).resolve().parents[2]
     procs = []
@@ -74,7 +74,7 @@ def _run(script: Path, root: Path, phase: str) -> None:
         env.update(
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
             LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])),
+            PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])), **extra,
         )
         procs.append(subprocess.Popen([sys.executable, str(script), str(root), phase], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -114,3 +114,76 @@ def test_failed_shard_write_on_one_rank_publishes_nothing_and_fails_on_every_ran
         assert [e["step"] for e in failures] == [3], (rank, failures)
         assert "injected: disk gone" in failures[0]["error"] if rank == 1 else "another rank" in failures[0]["error"]
     _run(script, root, "load")  # the newest good checkpoint still loads: step 2
+
+
+FSDP_WORKER = textwrap.dedent(
+    """
+    import os, sys, warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from resctl.checkpoint import Checkpointer
+    from resctl.telemetry.events import EventLog
+
+    root, phase = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.Linear(10, 3))  # 10 rows: uneven shards of 5 and 5, 3: 2 and 1
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+
+    def step(i):
+        g = torch.Generator().manual_seed(i * 10 + rank)
+        opt.zero_grad()
+        model(torch.randn(4, 6, generator=g)).square().mean().backward()
+        opt.step()
+
+    step(0)  # the optimizer has its state: a sharded load restores into it
+    events = EventLog(root + "-events-" + phase, rank=rank)
+    ck = Checkpointer(dir=root, interval_steps=100, memory_every=3, run_id="run-fsdp", events=events)
+    state = {"model": model, "optim": opt}
+    if phase == "train":  # steps 1..7: snapshots at 3 and 6 in memory, no disk checkpoint
+        for i in range(1, 8):
+            step(i)
+            ck.maybe_save(state, i)
+        ck.wait()
+        torch.save({k: v.full_tensor() for k, v in model.state_dict().items()}, root + f"-at7-rank{rank}.pt")
+        os._exit(0)  # as a kill would: the snapshots stay in shared memory
+    resumed = ck.load(state)
+    assert resumed == 6, resumed
+    step(7)  # the step after 6 again, from memory: bitwise the first run's step 7
+    want = torch.load(root + f"-at7-rank{rank}.pt")
+    got = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    assert all(torch.equal(want[k], got[k]) for k in want), [k for k in want if not torch.equal(want[k], got[k])]
+    import json
+    with open(os.path.join(root + "-events-" + phase, f"events-rank{rank}.jsonl")) as f:
+        tiers = [e.get("tier") for e in map(json.loads, f) if e["kind"] == "ckpt_load"]
+    assert tiers == ["memory"], tiers
+    ck.release_memory()
+    dist.barrier()
+    print("ok", rank, phase, flush=True)
+    os._exit(0)
+    """
+)
+
+
+def test_fsdp2_shards_snapshot_into_the_memory_tier_and_restore_bitwise(tmp_path: Path) -> None:
+    """Each rank keeps its own shards of an FSDP2 model and its optimizer in its memory tier; new
+    processes (a restart) restore them from memory and go on bitwise as the first run did."""
+    pytest.importorskip("numpy", reason="torch.distributed.checkpoint needs numpy for object collectives")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    script = tmp_path / "fsdp_worker.py"
+    script.write_text(FSDP_WORKER)
+    root = tmp_path / "ck"
+    _run(script, root, "train", RESCTL_SHM_DIR=str(shm))
+    assert not root.exists() or not [p for p in root.iterdir() if p.name.startswith("step-")]  # memory only
+    assert list(shm.iterdir()), "no snapshot in the memory tier"
+    _run(script, root, "resume", RESCTL_SHM_DIR=str(shm))
