@@ -38,11 +38,12 @@ def command(launcher: str, nproc: int, tmp: Path, case: tuple[str, str], args: a
     ck = tmp / f"ck-{launcher}-{model}-{save}"
     script = [str(SCRIPT), "--model", model, "--save", save, "--dir", str(ck), "--device", args.device,
               "--layers", str(args.layers), "--width", str(args.width), "--steps", str(args.steps),
-              "--interval", str(args.interval)]
+              "--interval", str(args.interval), "--step-time", str(args.step_time), "--memory-every", str(args.memory_every), *(["--restore"] if args.restore else [])]
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *script]
     return [sys.executable, "-m", "resctl", "run", "--nproc-per-node", str(nproc), "--run-dir", str(tmp / "runs"),
-            "--set", f"checkpoint.dir={ck}", "--set", f"checkpoint.interval_steps={args.interval}", *script]
+            "--set", f"checkpoint.dir={ck}", "--set", f"checkpoint.interval_steps={args.interval}",
+            "--set", f"checkpoint.memory_every={args.memory_every}", *script]
 
 
 def one(cmd: list[str], cwd: Path) -> dict:
@@ -64,6 +65,10 @@ def main() -> int:
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--interval", type=int, default=10)
+    ap.add_argument("--step-time", type=float, default=0.0, help="seconds of pretend compute (sleep) a step")
+    ap.add_argument("--memory-every", type=int, default=0, help="resctl run: checkpoint.memory_every")
+    ap.add_argument("--restore", action="store_true", help="time a load after the loop (resctl saves)")
+    ap.add_argument("--cases", default=",".join(f"{m}:{s}" for m, s in CASES))
     ap.add_argument("--launchers", default="torchrun,resctl")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -72,17 +77,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp_s:
         tmp = Path(tmp_s)
         for r in range(args.repeats):
-            for case in CASES:
+            for case in [tuple(c.split(":")) for c in args.cases.split(",")]:
                 for launcher in launchers if r % 2 == 0 else launchers[::-1]:
                     res = one(command(launcher, args.nproc, tmp, case, args), tmp)
                     key = f"{case[0]} {case[1]} | {launcher}"
                     rows.setdefault(key, []).append(res)
                     print(f"[{r}] {key}: stall p50 {res['stall_p50_s']} s first {res['first_s']} s "
-                          f"copy {res['copy_s']} s step {res['step_p50_s']} s", file=sys.stderr, flush=True)
+                          f"copy {res['copy_s']} s step {res['step_p50_s']} s efficiency {res['efficiency']} "
+                          f"restore {res['restore']}", file=sys.stderr, flush=True)
     summary = {}
     for key, results in rows.items():
         summary[key] = {name: round(statistics.median(r[name] for r in results), 4)
-                        for name in ("stall_p50_s", "first_s", "copy_s", "step_p50_s")}
+                        for name in ("stall_p50_s", "first_s", "copy_s", "step_p50_s", "efficiency")}
+        summary[key]["restores"] = [r["restore"] for r in results]
         summary[key]["stalls_p50_each_run"] = [r["stall_p50_s"] for r in results]
     print(f"{'case | launcher':34}{'stall p50':>11}{'first':>9}{'copy':>9}{'step':>9}")
     for key, s in summary.items():

@@ -85,6 +85,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--dir", default="ck-stall")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--step-time", type=float, default=0.0, help="seconds of pretend compute (sleep) per step")
+    ap.add_argument("--memory-every", type=int, default=0, help="without resctl run: checkpoint.memory_every")
+    ap.add_argument("--restore", action="store_true", help="after the loop: time a load (resctl: memory tier or disk)")
     args = ap.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "cuda":
@@ -111,15 +114,18 @@ def main() -> None:
         import resctl.checkpoint as ckpt
 
         if "RESCTL_PLAN" not in os.environ and "RESCTL_RUN_DIR" not in os.environ:
-            ckpt.configure(dir=args.dir, interval_steps=args.interval)
+            ckpt.configure(dir=args.dir, interval_steps=args.interval, memory_every=args.memory_every)
     x = torch.randn(args.batch, args.width, device=device)
     steps, stalls = [], []
+    loop0 = time.perf_counter()
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         model(x).square().mean().backward()
         opt.step()
         sync()
+        if args.step_time:
+            time.sleep(args.step_time)
         t1 = time.perf_counter()
         if step % args.interval == 0 and args.save != "none":
             if args.save == "resctl":
@@ -132,8 +138,16 @@ def main() -> None:
             stalls.append(time.perf_counter() - t1)
         else:
             steps.append(t1 - t0)
+    loop_s = time.perf_counter() - loop0
     if args.save == "resctl":
         ckpt.wait()
+    restore = None
+    if args.restore and args.save == "resctl":
+        sync()
+        t0 = time.perf_counter()
+        restored = ckpt.load(state_of())
+        sync()
+        restore = {"step": restored, "seconds": round(time.perf_counter() - t0, 4)}
     copy = copy_seconds(local_tensors({"model": model.state_dict(), "optim": opt.state_dict()}), sync)
     if rank == 0:
         steady = stalls[1:] or stalls
@@ -144,6 +158,9 @@ def main() -> None:
             "stalls_s": [round(s, 4) for s in stalls],
             "step_p50_s": round(statistics.median(steps), 4),
             "copy_s": round(copy, 4),
+            "loop_s": round(loop_s, 3),
+            "efficiency": round((sum(steps) + len(stalls) * statistics.median(steps)) / loop_s, 4),
+            "restore": restore,
         }), flush=True)
     dist.barrier()
     dist.destroy_process_group()
