@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 41 on one GPU (H100/H200), one device call: FSDP2's checkpoint stall beside DDP's and beside the script's
+# own synchronous DCP save, the host-copy floor, restore and loop efficiency (bench_fsdp_save.py: torchrun and resctl
+# alternating); the straggler timing on CUDA (bench/gpu_straggler.py); the happy path's step (bench_happy_path.py).
+# Wheels (cp312, git-ignored, carried): .whl = nvidia-resiliency-ext 0.4.1, pydantic 2.11.7, pydantic-core 2.33.2,
+# annotated-types, typing-inspection, setproctitle, defusedxml, pynvml, crc32c, plotly.
+# Usage on the device: OUT=$OUT bash bench/gpu_issue41.sh [parts: stall straggler happy]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site04 .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site04:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+python3 -c "import importlib.metadata as m, torch; print('nvrx', m.version('nvidia-resiliency-ext'), 'torch', torch.__version__, torch.cuda.get_device_name(0))" 2>&1 | tail -1
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+for part in ${*:-stall straggler happy}; do
+  case $part in
+    stall) echo "== FSDP2 vs DDP vs own sync DCP: stall, host copy, restore, efficiency; 1 GPU, 8 x Linear(8192, 8192) + AdamW (6.4 GB of state)"
+      df -h /tmp | tail -1
+      timeout ${STALL_TIMEOUT:-330} python3 bench/bench_fsdp_save.py --device cuda --nproc 1 --layers ${LAYERS:-8} --width 8192 \
+        --steps ${STEPS:-60} --interval 20 --step-time ${STEP_TIME:-0.25} --memory-every 20 --restore --repeats 1 \
+        --json "$OUT/stall41.json" 2> "$OUT/stall41.err"
+      echo "exit $?"; grep "^\[" "$OUT/stall41.err";;
+    straggler) echo "== stragglers on CUDA"
+      timeout ${STRAGGLER_TIMEOUT:-150} python3 bench/gpu_straggler.py ${STRAGGLER_ARGS:-} > "$OUT/straggler.txt" 2>&1
+      echo "exit $?"; tail -25 "$OUT/straggler.txt";;
+    happy) echo "== happy path, 1 GPU, torchrun vs resctl (step median of medians, no-op wall)"
+      timeout ${HAPPY_TIMEOUT:-240} python3 bench/bench_happy_path.py --device cuda --nproc 1 --steps 2000 --repeats ${HAPPY_REPEATS:-3} \
+        > "$OUT/happy.txt" 2>&1
+      echo "exit $?"; tail -12 "$OUT/happy.txt";;
+  esac
+done
