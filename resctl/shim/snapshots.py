@@ -29,15 +29,16 @@ nodes with a node-local run directory only rank 0's count matters to the report)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from resctl.patching import Patches
-from resctl.shim import savetargets
+from resctl.shim import dcpsaves, savetargets
 from resctl.telemetry.events import EventLog, parse_line, rank_files
 from resctl.telemetry.snapshots import SnapshotLedger, file_id
 
@@ -54,6 +55,8 @@ class SnapshotHost(Protocol):
     events: EventLog
     patches: Patches
     step: int
+    #: False while an optimizer step is not training (dcpsaves: DCP's state-making step before a load)
+    counting_steps: bool
     #: (cycle, iteration) of the last optimizer step (None before the first): the shim's own step
     #: hook keeps it, so no second global hook runs every step.
     step_epoch: tuple[int, int] | None
@@ -88,6 +91,19 @@ class SnapshotTracker:
     @property
     def step(self) -> int:
         return self.shim.step
+
+    @property
+    def events(self) -> EventLog:
+        return self.shim.events
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Optimizer steps inside are not training steps (not counted, no step event, no drill)."""
+        before, self.shim.counting_steps = self.shim.counting_steps, False
+        try:
+            yield
+        finally:
+            self.shim.counting_steps = before
 
     # -- saving ------------------------------------------------------------------------------
     def saved(self, path: str, step: int, seconds: float) -> None:
@@ -125,12 +141,15 @@ class SnapshotTracker:
     def _current(self) -> tuple[int, int]:
         return self.shim.events.cycle, self.shim.events.iteration
 
-    def loaded(self, path: str, seconds: float, file_object: bool = False) -> None:
+    def loaded(self, path: str, seconds: float, file_object: bool = False, identity: str | None = None,
+               source: str = "torch.load") -> None:
+        """A load of `path` returned; `identity`: the file whose identity names it (a DCP checkpoint
+        directory's `.metadata`), `path` itself by default."""
         epoch = self._current()
         if self.shim.step_epoch == epoch:
             return  # this epoch has made steps: an evaluation, not a resume
         try:
-            ident = file_id(os.stat(path))
+            ident = file_id(os.stat(identity or path))
         except OSError:
             return
         self._catch_up()
@@ -138,7 +157,7 @@ class SnapshotTracker:
         if step is None or self._resumed == (epoch, step):
             return
         self._resumed = (epoch, step)
-        self.shim.on_resume(step, load_seconds=seconds, path=path, source="torch.load")
+        self.shim.on_resume(step, load_seconds=seconds, path=path, source=source)
         if file_object:
             note_unpositioned_resume(path)
 
@@ -262,4 +281,5 @@ def install(shim: SnapshotHost) -> SnapshotTracker | None:
     shim.patches.set(torch, "save", save)
     shim.patches.set(torch, "load", load)
     savetargets.install(tracker, shim.patches)
+    dcpsaves.install(tracker, shim.patches)
     return tracker
