@@ -129,6 +129,8 @@ def test_an_fsdp2_job_killed_at_random_steps_ends_bitwise_equal(tmp_path: Path, 
     mid_epoch = [s for _, s in got if s % (STEPS[nproc] // 3)]
     assert sorted(notes) == sorted((r, "resumed") for r in range(nproc) for _ in mid_epoch), (notes, got, why)
     assert "resumed from step" in out
+    # resctl's own sharded checkpoints go through dcp.save too: recorded by the engine, not as the script's own
+    assert {e["path"] for e in ev if e["kind"] == "snapshot"} <= {str(tmp_path / "out.pt.tmp")}, why
 
 
 def report(run_dir: Path) -> dict[str, Any]:
@@ -136,3 +138,28 @@ def report(run_dir: Path) -> dict[str, Any]:
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("worker_start", ["fork", "exec"])
+@pytest.mark.parametrize("save", ["save", "async_save"])
+def test_a_script_that_checkpoints_with_dcp_itself_gets_a_true_report(tmp_path: Path, reference: Reference, save: str,
+                                                                       worker_start: str) -> None:
+    """`--dcp`: dcp.save (or dcp.async_save on its own gloo group) every 5 steps into the script's own
+    directory, dcp.load of the newest at start; rank 1 SIGKILLed at a random step. With no edit and no
+    resctl.checkpoint, the report counts the script's checkpoints, resumes at the step it loaded, and
+    rolls back from the kill to it; the run ends bitwise equal to torchrun's uninterrupted one."""
+    (step,) = kill_steps(f"dcp-{save}", 2, 1)
+    script = ("--dcp", str(tmp_path / "own"), "--save-every", str(EVERY), *(("--async-save",) if save == "async_save" else ()))
+    run_job(job(tmp_path, 2, worker_start, script=script), tmp_path, f"sigkill@{step}:1")
+    why = f"sigkill@{step}:1 (RESCTL_FSDP_SEED={SEED})"
+    doc = report(tmp_path / "run")
+    assert (doc["final_step"], doc["kept_steps"]) == (24, 24), ({k: doc[k] for k in ("final_step", "kept_steps")}, why)
+    (rec,) = doc["recoveries"]
+    assert (rec["layer"], rec["cause"], rec["rank"], rec["last_step"]) == ("launcher", "sigkill", 1, step), (rec, why)
+    assert rec["resumed_step"] in checkpoint_before(step) and rec["resumed_step"] > 0, (rec, why)
+    assert rec["rollback_steps"] == step - rec["resumed_step"], (rec, why)
+    # steps 5, 10, 15, 20 by DCP, and the script's final torch.save of --out at 24
+    assert doc["snapshots"] == doc["checkpoints"] == 5, ({k: doc[k] for k in ("snapshots", "checkpoints")}, why)
+    loads = {(e["rank"], e["step"], e.get("source")) for e in events(tmp_path / "run") if e["kind"] == "resume" and e["cycle"]}
+    assert loads == {(r, rec["resumed_step"], "dcp.load") for r in (0, 1)}, (loads, why)
+    assert_bitwise_equal(torch.load(tmp_path / "out.pt", weights_only=True), reference(2))
