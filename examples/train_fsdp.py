@@ -84,7 +84,7 @@ class OwnDCP:
             return 0
         step, path = newest
         msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd}
+        state: dict[str, Any] = {"model": msd, "optim": osd}
         dcp.load(state, checkpoint_id=path)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return step

@@ -95,7 +95,7 @@ CASES = {
 
 def _case_params() -> list[Any]:
     out = []
-    for case, (nproc, inprocess, _) in CASES.items():
+    for case, (_, inprocess, _) in CASES.items():
         modes = ("fork",) if inprocess else ("fork", "exec")
         marks = [pytest.mark.nvrx_series("0.4")] if inprocess else []  # in-process restart: NVRx 0.4 only
         out += [pytest.param(case, mode, marks=marks, id=f"{case}-{mode}") for mode in modes]
