@@ -23,6 +23,9 @@ transformers and accelerate write model weights with), and local files opened th
   or an fsspec file's `path`) is looked up as a load of that path. Bytes that never reach a local
   file (object stores) are not counted: resctl cannot tell when they are durable.
 
+Scripts that checkpoint with torch.distributed.checkpoint (dcp.save, dcp.async_save, dcp.load) are followed
+the same way by `resctl.shim.dcpsaves` (a checkpoint directory, named by its `.metadata`'s identity).
+
 The run directory must be visible to the loading rank (it is for every rank of a node; on other
 nodes with a node-local run directory only rank 0's count matters to the report).
 """
