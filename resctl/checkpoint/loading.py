@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, MutableMapping
 
-from resctl.checkpoint import collectives, rankside, sharded
+from resctl.checkpoint import collectives, rankside, shardtargets
 from resctl.checkpoint import state as st
 from resctl.checkpoint.disk import Disk
 from resctl.checkpoint.errors import CheckpointMismatch
@@ -34,7 +34,7 @@ def from_disk(disk: Disk, state: MutableMapping[str, Any], candidates: list[tupl
             disk.reject(step, path, problem)
             continue
         if verified.manifest.kind == "dcp":
-            sharded.load_into(path, verified.meta, state)
+            shardtargets.load_into(path, verified.meta, state)  # targets by path: a fresh optimizer has no state
         else:
             st.restore(state, verified.entries or {}, list(verified.meta["stateful"]))
         return step, verified

@@ -138,6 +138,9 @@ class Shim:
         self.faults = FaultPlan([f.model_dump() for f in profile.faults.schedule], self.rank, run_dir)
         self.step = 0
         self.step_epoch: tuple[int, int] | None = None  # (cycle, iteration) of the last optimizer step
+        #: False while a library steps an optimizer that is not training (DCP's zero-learning-rate step that
+        #: makes a fresh optimizer's state before a load: shim/dcpsaves.py): that step is not counted.
+        self.counting_steps = True
         self._last_step_t = time.monotonic()
         self.sigterm_at: float | None = None
         #: The engine, once `_configure_checkpoint` made it; the shim is its `Hooks` (heartbeat,
@@ -170,6 +173,8 @@ class Shim:
         """Every optimizer step: a `step` event (batched in memory, `EventLog.step`), and at most
         every `beat_every` a heartbeat (a round trip to the rank monitor) and every `PING_EVERY` a
         progress ping; so a step costs microseconds however short it is (bench/bench_shim_step.py)."""
+        if not self.counting_steps:
+            return
         self.step += 1
         now = time.monotonic()
         if self._busy_off is not None:  # every DDP module has had its first forward: no global pre-hook from now

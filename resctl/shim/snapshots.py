@@ -23,21 +23,25 @@ transformers and accelerate write model weights with), and local files opened th
   or an fsspec file's `path`) is looked up as a load of that path. Bytes that never reach a local
   file (object stores) are not counted: resctl cannot tell when they are durable.
 
+Scripts that checkpoint with torch.distributed.checkpoint (dcp.save, dcp.async_save, dcp.load) are followed
+the same way by `resctl.shim.dcpsaves` (a checkpoint directory, named by its `.metadata`'s identity).
+
 The run directory must be visible to the loading rank (it is for every rank of a node; on other
 nodes with a node-local run directory only rank 0's count matters to the report).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from resctl.patching import Patches
-from resctl.shim import savetargets
+from resctl.shim import dcpsaves, savetargets
 from resctl.telemetry.events import EventLog, parse_line, rank_files
 from resctl.telemetry.snapshots import SnapshotLedger, file_id
 
@@ -54,6 +58,8 @@ class SnapshotHost(Protocol):
     events: EventLog
     patches: Patches
     step: int
+    #: False while an optimizer step is not training (dcpsaves: DCP's state-making step before a load)
+    counting_steps: bool
     #: (cycle, iteration) of the last optimizer step (None before the first): the shim's own step
     #: hook keeps it, so no second global hook runs every step.
     step_epoch: tuple[int, int] | None
@@ -88,6 +94,19 @@ class SnapshotTracker:
     @property
     def step(self) -> int:
         return self.shim.step
+
+    @property
+    def events(self) -> EventLog:
+        return self.shim.events
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Optimizer steps inside are not training steps (not counted, no step event, no drill)."""
+        before, self.shim.counting_steps = self.shim.counting_steps, False
+        try:
+            yield
+        finally:
+            self.shim.counting_steps = before
 
     # -- saving ------------------------------------------------------------------------------
     def saved(self, path: str, step: int, seconds: float) -> None:
@@ -125,12 +144,15 @@ class SnapshotTracker:
     def _current(self) -> tuple[int, int]:
         return self.shim.events.cycle, self.shim.events.iteration
 
-    def loaded(self, path: str, seconds: float, file_object: bool = False) -> None:
+    def loaded(self, path: str, seconds: float, file_object: bool = False, identity: str | None = None,
+               source: str = "torch.load") -> None:
+        """A load of `path` returned; `identity`: the file whose identity names it (a DCP checkpoint
+        directory's `.metadata`), `path` itself by default."""
         epoch = self._current()
         if self.shim.step_epoch == epoch:
             return  # this epoch has made steps: an evaluation, not a resume
         try:
-            ident = file_id(os.stat(path))
+            ident = file_id(os.stat(identity or path))
         except OSError:
             return
         self._catch_up()
@@ -138,7 +160,7 @@ class SnapshotTracker:
         if step is None or self._resumed == (epoch, step):
             return
         self._resumed = (epoch, step)
-        self.shim.on_resume(step, load_seconds=seconds, path=path, source="torch.load")
+        self.shim.on_resume(step, load_seconds=seconds, path=path, source=source)
         if file_object:
             note_unpositioned_resume(path)
 
@@ -262,4 +284,5 @@ def install(shim: SnapshotHost) -> SnapshotTracker | None:
     shim.patches.set(torch, "save", save)
     shim.patches.set(torch, "load", load)
     savetargets.install(tracker, shim.patches)
+    dcpsaves.install(tracker, shim.patches)
     return tracker

@@ -86,14 +86,16 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         _STEP_OPT,
         Field("seconds", "float", "s", "time the training loop was blocked by the save"),
         Field("waited", "float", "s", "part of `seconds` spent waiting for the previous save", optional=True),
-        Field("path", "str", "", "file of an intercepted torch.save", optional=True),
+        Field("path", "str", "", "file of an intercepted torch.save, directory of the script's dcp.async_save",
+              optional=True),
     ), "resctl.checkpoint"),
     Kind("ckpt_persist", "a checkpoint (or this rank's part of it) became durable", (
         _STEP_OPT,
         Field("seconds", "float", "s", "staged to durable"),
         Field("bytes", "int", "B", "bytes written by this rank", optional=True),
         Field("recycled", "bool", "", "written over the files of a pruned checkpoint", optional=True),
-        Field("path", "str", "", "file of an intercepted torch.save", optional=True),
+        Field("path", "str", "", "file of an intercepted torch.save, directory of the script's dcp.async_save",
+              optional=True),
     ), "resctl.checkpoint"),
     Kind("ckpt_prune", "old checkpoints were removed", (
         Field("removed", "int", "", "checkpoints removed"),
@@ -147,13 +149,14 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("seconds", "float", "s", "time from choosing the tier to the state restored"),
         Field("bytes", "int", "B", "bytes restored (memory and buddy tiers)", optional=True),
     ), "resctl.checkpoint.engine"),
-    Kind("snapshot", "the script's own torch.save to a file returned (zero-edit snapshot)", (
-        Field("step", "int", "step", "optimizer steps made when torch.save was called", optional=True),
-        Field("path", "str", "", "absolute path torch.save was given"),
-        Field("seconds", "float", "s", "time torch.save blocked the script"),
-        Field("bytes", "int", "B", "file size (null while an intercepted write is in flight)", optional=True),
-        Field("file_id", "str", "", "device:inode:size:mtime_ns of the written file (survives a rename)",
-              optional=True),
+    Kind("snapshot", "the script's own torch.save to a file, or its own DCP save, returned (zero-edit snapshot)", (
+        Field("step", "int", "step", "optimizer steps made when torch.save (dcp.save) was called", optional=True),
+        Field("path", "str", "", "absolute path torch.save was given (DCP: the checkpoint directory)"),
+        Field("seconds", "float", "s", "time torch.save (dcp.save, dcp.async_save) blocked the script"),
+        Field("bytes", "int", "B", "file size (DCP: the directory's; null while an intercepted or async write is in "
+              "flight)", optional=True),
+        Field("file_id", "str", "", "device:inode:size:mtime_ns of the written file (DCP: its .metadata; survives "
+              "a rename)", optional=True),
         Field("pending", "bool", "", "true: intercepted, durable at the ckpt_persist with the same path",
               optional=True),
     ), "resctl.telemetry.snapshots"),
@@ -176,8 +179,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("resume", "state was restored", (
         Field("step", "int", "step", "the restored checkpoint's step; 0 = from scratch"),
         Field("load_seconds", "float", "s", "time the load took", optional=True),
-        Field("path", "str", "", "the snapshot file torch.load read (zero-edit)", optional=True),
-        Field("source", "str", "", "checkpoint (resctl.checkpoint.load) or torch.load (a snapshot)",
+        Field("path", "str", "", "the snapshot file torch.load read, the directory dcp.load read (zero-edit)",
+              optional=True),
+        Field("source", "str", "", "checkpoint (resctl.checkpoint.load), torch.load or dcp.load (a snapshot)",
               optional=True),
     ), "resctl.shim"),
     Kind("data_position", "a data loader's position was resumed, re-split, left alone or is approximate "

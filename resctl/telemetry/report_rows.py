@@ -105,7 +105,7 @@ def summary_rows(a: RunAnalysis) -> list[tuple[str, str]]:
         ("steps lost", f"{a.steps_run - a.kept_steps} rolled back and run again"),
         ("ranks", f"{len(a.ranks)}: {spans(a.ranks)}"),
         ("step compute", f"{cal.step_time:.4g} s mean, {cal.step_time_p50:.4g} s p50 ({cal.step_samples} steps)"),
-        ("checkpoints", f"{a.checkpoints} durable" + (f" ({a.snapshots} of them the script's torch.save snapshots)"
+        ("checkpoints", f"{a.checkpoints} durable" + (f" ({a.snapshots} of them the script's own saves: torch.save, DCP)"
                                                     if a.snapshots else "")
          + f"; stall {num(cal.stall, '.4g')} s, wait {num(cal.waited, '.4g')} s, write {num(cal.write, '.4g')} s "
            f"mean; interval {cal.interval_steps or '-'} steps"),
