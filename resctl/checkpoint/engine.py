@@ -217,7 +217,7 @@ class Checkpointer:
         self.start()
         self.writes.last_saved_step = step  # cleared by the failed-save policy if the write fails
         if any(st.is_sharded(t) for t in st.find_tensors(entries)):
-            self._save_sharded(entries, stateful, step)
+            self._save_sharded(entries, stateful, step, rankside.names(state) if self.rank else [])
         elif self.rank == 0:
             self._save_plain(entries, stateful, step, snapshot if snapshot is not None and snapshot.step == step else None)
         else:  # rank 0's copy of replicated state is everyone's; what differs per rank goes beside it
@@ -226,20 +226,25 @@ class Checkpointer:
         self.events.emit("ckpt_stall", step=step, seconds=round(blocked, 6), waited=round(waited, 6))
         self.writes.end()
 
-    def _save_sharded(self, entries: dict[str, Any], stateful: list[str], step: int) -> None:
+    def _save_sharded(self, entries: dict[str, Any], stateful: list[str], step: int, own: list[str]) -> None:
         """Collective: every rank stages its own shards now and writes them in the background when
-        async (see `sharded`); a failure goes through the policy on every rank."""
-        try:
-            staged = self._sharded.stage(entries, stateful, step)
-        except Exception as err:  # noqa: BLE001 - a staging failure is a failed save, as a write's
-            self.writes.record_failure(step, err)
-            return
-        staged_at = time.monotonic()
+        async (see `sharded`); a failure goes through the policy on every rank. `own`: a rank > 0's
+        per-rank entries (data positions), written beside the checkpoint as for plain state."""
+        staged = self._sharded.stage(entries, stateful, step)  # a rank that fails here fails the write on all
         fail = self.writes.take_injected_failure()
+        side: Path | None = None
+        try:
+            side = self._write_own(entries, own, step) if own else None
+        except OSError as err:  # a full or broken disk: this rank fails the collective write, every rank reports it
+            fail = fail or f"{type(err).__name__}: {err}"
+        staged_at = time.monotonic()
 
         def job() -> None:
             total = sharded.write(self.dir, staged, writers=self.writers, beat=self.beat, publish=self.disk.publish,
                                   run_id=self.run_id, fail=fail)
+            if side is not None:
+                rankside.sync(side)
+                rankside.prune(self.dir, self.rank)
             if total is not None:
                 self.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6),
                                  bytes=total)
@@ -276,20 +281,22 @@ class Checkpointer:
         """A rank > 0's per-rank entries (`rankside`): in place now, durable in the background."""
         if not names:
             return
-        rank = self.rank
-        data = rankside.encode({n: entries[n] for n in names}, step=step, rank=rank, world_size=self.world_size,
-                               run_id=self.run_id)
         try:
-            path = rankside.write(self.dir, rank, step, data)
+            path = self._write_own(entries, names, step)
         except OSError as err:  # a full or broken disk: the failed-save policy, as for rank 0's write
             self.writes.record_failure(step, err)
             return
 
         def job() -> None:
             rankside.sync(path)
-            rankside.prune(self.dir, rank)
+            rankside.prune(self.dir, self.rank)
 
         self.writes.submit(job, step, None)
+
+    def _write_own(self, entries: dict[str, Any], names: list[str], step: int) -> Path:
+        data = rankside.encode({n: entries[n] for n in names}, step=step, rank=self.rank, world_size=self.world_size,
+                               run_id=self.run_id)
+        return rankside.write(self.dir, self.rank, step, data)
 
     def maybe_save(self, state: MutableMapping[str, Any], step: int) -> bool:
         """Save when `step % interval_steps == 0`; always remember (state, step) for `save_final`.

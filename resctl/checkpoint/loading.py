@@ -23,8 +23,9 @@ def from_disk(disk: Disk, state: MutableMapping[str, Any], candidates: list[tupl
     """(step, what was verified) of the candidate restored into `state`; None: no candidate fits."""
     for step, path in candidates:
         verified, verdict, problem = disk.verify(path, step, state, rank, world_size)
-        if verified is not None and verified.entries is not None:
-            verdict, problem = own_entries(disk.dir, verified, state, rank, world_size)
+        own: dict[str, Any] = {}
+        if verified is not None:
+            verdict, problem, own = own_entries(disk.dir, verified, state, rank, world_size)
         if distributed:
             verdict = collectives.min_over_ranks(verdict)
         if verdict == collectives.MISMATCH:
@@ -35,6 +36,7 @@ def from_disk(disk: Disk, state: MutableMapping[str, Any], candidates: list[tupl
             continue
         if verified.manifest.kind == "dcp":
             shardtargets.load_into(path, verified.meta, state)  # targets by path: a fresh optimizer has no state
+            st.restore(state, own, list(verified.meta["stateful"]))  # this rank's own data position, not rank 0's
         else:
             st.restore(state, verified.entries or {}, list(verified.meta["stateful"]))
         return step, verified
@@ -42,16 +44,19 @@ def from_disk(disk: Disk, state: MutableMapping[str, Any], candidates: list[tupl
 
 
 def own_entries(root: Path, verified: Verified, state: MutableMapping[str, Any], rank: int,
-                world_size: int) -> tuple[int, Exception | None]:
-    """Put this rank's own per-rank entries of a verified plain checkpoint in place of rank 0's
-    (`rankside.take`); the verdict is SKIP when this rank's are damaged or missing."""
-    names = [n for n in rankside.names(state) if n in (verified.entries or {})]
+                world_size: int) -> tuple[int, Exception | None, dict[str, Any]]:
+    """This rank's own per-rank entries of a verified checkpoint (`rankside.take`), put in place of
+    rank 0's (a plain one's entries; a sharded one's are returned, for after its collective load);
+    the verdict is SKIP when this rank's are damaged or missing."""
+    saved = verified.entries if verified.entries is not None else verified.meta.get("entries", {})
+    names = [n for n in rankside.names(state) if n in saved]
     if not names or not rank:
-        return collectives.OK, None
+        return collectives.OK, None, {}
     try:
         own = rankside.take(root, rank, verified.step, world_size=world_size, manifest=verified.manifest)
     except (rankside.RankEntriesDamaged, rankside.RankEntriesMissing) as err:
-        return collectives.SKIP, err
-    if own is not None:
-        verified.entries.update({n: own[n] for n in names if n in own})  # type: ignore[union-attr]
-    return collectives.OK, None
+        return collectives.SKIP, err, {}
+    mine = {n: own[n] for n in names if n in own} if own is not None else {}
+    if verified.entries is not None:
+        verified.entries.update(mine)
+    return collectives.OK, None, mine

@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 import torch
 
 from resctl.checkpoint import format as fmt
-from resctl.checkpoint import memdir, reader, replica, slots, upload
+from resctl.checkpoint import memdir, reader, replica, shardtargets, slots, upload
 from resctl.checkpoint import state as st
 from resctl.checkpoint.crc import CHECKSUM, checksum, checksum_of
 from resctl.checkpoint.errors import CheckpointMismatch
@@ -86,6 +86,8 @@ class Verified:
     #: The snapshot's tensors, already on their devices (a CUDA state with room for them: the
     #: checksum was computed while they were uploaded), in manifest order; None: `restore` copies.
     staged: list[torch.Tensor] | None = None
+    #: A sharded snapshot's targets by tensor index (`_sharded_targets`); None: paired by `restore`.
+    targets: dict[int, torch.Tensor] | None = None
 
 
 class MemoryTier:
@@ -366,9 +368,9 @@ class MemoryTier:
         problems = reader.fit_problems(meta["entries"], manifest.tensors, current)
         if problems:
             raise CheckpointMismatch(f"memory snapshot step {step} does not fit the state: " + "; ".join(problems[:5]))
-        sharded = _sharded_targets(meta, current)
+        sharded = _sharded_targets(meta, manifest.tensors, state)
         data = map_snapshot(path / DATA, manifest.stream_bytes)
-        devices = None if sharded else _upload_devices(meta["entries"], manifest.tensors, current)
+        devices = None if sharded is not None else _upload_devices(meta["entries"], manifest.tensors, current)
         staged: list[torch.Tensor] | None = None
         if data is None:
             got = checksum(b"")
@@ -380,7 +382,7 @@ class MemoryTier:
             if data is not None:
                 data.close()
             raise fmt.CorruptCheckpoint(f"memory slot {path}: {DATA} checksum mismatch")
-        return Verified(step, slot, manifest, meta, data, staged)
+        return Verified(step, slot, manifest, meta, data, staged, sharded)
 
     def restore(self, v: Verified, state: MutableMapping[str, Any]) -> None:
         """Put a verified snapshot into `state`, then `load_state_dict` as a disk load does.
@@ -404,7 +406,10 @@ class MemoryTier:
             return
         current, _ = st.snapshot_entries(state)
         targets: dict[int, torch.Tensor] = {}
-        _pair(v.meta["entries"], current, targets)
+        if v.targets is not None:
+            targets = v.targets
+        else:
+            _pair(v.meta["entries"], current, targets)
         home = _home_device(current)
         src = bytes_of(v.data)
         tensors: list[torch.Tensor] = []
@@ -528,10 +533,9 @@ class MemoryTier:
 
 
 def _pair(saved: Any, current: Any, out: dict[int, torch.Tensor]) -> None:
-    """Map each tensor placeholder of a saved structure to the state's tensor at the same place (a
-    DTensor too: its local part is copied into, `_local`)."""
+    """Map each tensor placeholder of a saved structure to the state's tensor at the same place."""
     if st.is_placeholder(saved):
-        if isinstance(current, torch.Tensor) and _local(current).is_contiguous():
+        if isinstance(current, torch.Tensor) and current.is_contiguous() and not st.is_sharded(current):
             out.setdefault(saved[1], current)
         return
     if isinstance(saved, Mapping) and isinstance(current, Mapping):
@@ -547,20 +551,25 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if st.is_sharded(t) and hasattr(t, "to_local") else t
 
 
-def _sharded_targets(meta: Mapping[str, Any], current: Mapping[str, Any]) -> dict[int, torch.Tensor]:
-    """The state's DTensors for a sharded snapshot's local parts; raises when one is missing (a
-    local part cannot become a DTensor without the state's mesh and placements)."""
+def _sharded_targets(meta: Mapping[str, Any], specs: tuple[fmt.TensorSpec, ...],
+                     state: Mapping[str, Any]) -> dict[int, torch.Tensor] | None:
+    """A sharded snapshot's targets (None for a plain one): each saved tensor's, by path, as a sharded disk
+    load chooses them (`shardtargets.choose`: a fresh optimizer's state made like its parameter, same
+    placement); raises when a local part has no DTensor to go into (it needs the state's mesh and placements)."""
     local = list(meta.get("local", ()))
     if not local:
-        return {}
-    targets: dict[int, torch.Tensor] = {}
-    _pair(meta["entries"], current, targets)
+        return None
+
+    def fits(i: int, t: torch.Tensor) -> bool:
+        spec = specs[i]
+        return fmt.dtype_name(t.dtype) == spec.dtype and tuple(_local(t).shape) == spec.shape and _local(t).is_contiguous()
+
+    targets = shardtargets.choose(meta["entries"], state, fits, lambda i: fmt.dtype_from_name(specs[i].dtype), None)
     missing = [i for i in local if i not in targets or not st.is_sharded(targets[i])]
     if missing:
         raise CheckpointMismatch(f"{len(missing)} sharded tensors of the snapshot have no DTensor in the state to "
-                                 "restore into (an optimizer needs its state before a load, as for a sharded disk "
-                                 "checkpoint)")
-    return {i: targets[i] for i in local}
+                                 "restore into (another world size, or another model)")
+    return targets
 
 
 def _home_device(entries: Mapping[str, Any]) -> torch.device:

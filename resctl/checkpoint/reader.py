@@ -37,7 +37,7 @@ from resctl.checkpoint.errors import CheckpointMismatch
 @dataclass
 class Verified:
     """A checkpoint that passed every check: `entries` (plain) are ready for `state.restore`;
-    a DCP one is loaded collectively afterwards (`sharded.load_into`)."""
+    a DCP one is loaded collectively afterwards (`shardtargets.load_into`)."""
 
     path: Path
     manifest: fmt.Manifest

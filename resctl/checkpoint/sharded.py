@@ -43,7 +43,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -70,6 +70,8 @@ class Staged:
     flat: dict[str, Any]
     meta: bytes
     group: Any
+    #: Why this rank could not stage (it still takes part in the write's collectives, which then fail on every rank).
+    failed: str | None = None
 
 
 class Saver:
@@ -132,14 +134,17 @@ class Saver:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("sharded (DTensor) state needs an initialised torch.distributed process group")
         group = self._group_for_writes()
-        tensors: list[torch.Tensor] = []
-        structure = st.flatten(entries, tensors, {}, sharded_ok=True)
-        meta = self._meta.encode(step, structure, stateful)
-        with torch.no_grad():
-            if any(type(t).__name__ == "ShardedTensor" for t in tensors):
-                flat = self._stage_with_dcp(_flat(tensors))
-            else:
-                flat = _flat(self._stage_dtensors(tensors))
+        try:
+            tensors: list[torch.Tensor] = []
+            structure = st.flatten(entries, tensors, {}, sharded_ok=True)
+            meta = self._meta.encode(step, structure, stateful)
+            with torch.no_grad():
+                if any(type(t).__name__ == "ShardedTensor" for t in tensors):
+                    flat = self._stage_with_dcp(_flat(tensors))
+                else:
+                    flat = _flat(self._stage_dtensors(tensors))
+        except Exception as err:  # noqa: BLE001 - the other ranks' writes wait for this one's collectives
+            return Staged(step, {}, b"", group, failed=f"{type(err).__name__}: {err}")
         return Staged(step, flat, meta, group)
 
     def close(self) -> None:
@@ -175,6 +180,7 @@ def write(
     writer = dcp.FileSystemWriter(str(tmp), thread_count=writers, sync_files=True)
     dcp.save(staged.flat, storage_writer=writer, process_group=group)
     # dcp.save returns once every rank's shards are written (fsynced) and rank 0 wrote .metadata.
+    fail = fail or staged.failed
     error: BaseException | None = RuntimeError(fail) if fail else None
     if error is None:
         try:
@@ -254,16 +260,4 @@ def verify(path: Path, manifest: fmt.Manifest, rank: int, world_size: int) -> No
             raise fmt.CorruptCheckpoint(f"{name}: checksum mismatch")
 
 
-def load_into(path: Path, meta: dict[str, Any], state: MutableMapping[str, Any]) -> None:
-    """Collective: load this rank's shards into `state` in place."""
-    import torch.distributed.checkpoint as dcp
-
-    entries_now, _ = st.snapshot_entries(state)
-    targets: list[torch.Tensor] = []
-    st.flatten(entries_now, targets, {}, sharded_ok=True)
-    dcp.load(_flat(targets), storage_reader=dcp.FileSystemReader(str(path)))
-    entries = st.unflatten(meta["entries"], targets)
-    st.restore(state, entries, list(meta["stateful"]))
-
-
-__all__ = ["Saver", "Staged", "write", "load_into", "verify"]
+__all__ = ["Saver", "Staged", "write", "verify"]

@@ -1,7 +1,7 @@
 """A sharded (DCP) checkpoint loaded into a state whose tensors are not yet those it saved.
 
 DCP loads in place: each tensor of the checkpoint needs a tensor of its shape (a DTensor with this
-rank's placement) to read into. `sharded.load_into` took them from the state as it is now, in
+rank's placement) to read into. The first version took them from the state as it is now, in
 flatten order, and that order is the checkpoint's only when the state already holds every tensor the
 checkpoint does. A restarted job's state does not: a torch optimizer creates its state (Adam's `step`,
 `exp_avg`, `exp_avg_sq`) at its first step, and the data position entry has no tensors before the
@@ -19,7 +19,7 @@ a training step). The restore then goes through `load_state_dict` as for a plain
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping
+from typing import Any, Callable, Mapping, MutableMapping
 
 import torch
 
@@ -31,15 +31,24 @@ def load_into(path: Path, meta: Mapping[str, Any], state: MutableMapping[str, An
     import torch.distributed.checkpoint as dcp
 
     reader = dcp.FileSystemReader(str(path))
-    targets = Targets(reader.read_metadata().state_dict_metadata)
-    current, _ = st.snapshot_entries(state)
-    saved = meta["entries"]
-    for name, structure in saved.items():
-        targets.entry(structure, current.get(name), _params_by_id(state.get(name)))
-    flat = {key(i): t for i, t in targets.found.items()}
+    shapes = reader.read_metadata().state_dict_metadata
+
+    def saved(index: int) -> tuple[tuple[int, ...], torch.dtype | None]:
+        info = shapes.get(key(index))
+        return tuple(getattr(info, "size", ()) or ()), getattr(getattr(info, "properties", None), "dtype", None)
+
+    def fits(index: int, t: torch.Tensor) -> bool:
+        return (tuple(t.shape), t.dtype) == saved(index)
+
+    def plain(index: int) -> torch.Tensor:
+        size, dtype = saved(index)
+        return torch.zeros(size, dtype=dtype)
+
+    found = choose(meta["entries"], state, fits, lambda i: saved(i)[1], plain)
+    flat = {key(i): t for i, t in found.items()}
     dcp.load(flat, storage_reader=reader)
-    tensors = [targets.found[i] for i in range(max(targets.found, default=-1) + 1)]
-    st.restore(state, st.unflatten(saved, tensors), list(meta["stateful"]))
+    tensors = [found[i] for i in range(max(found, default=-1) + 1)]
+    st.restore(state, st.unflatten(meta["entries"], tensors), list(meta["stateful"]))
 
 
 def key(index: int) -> str:
@@ -47,11 +56,27 @@ def key(index: int) -> str:
     return f"t{index}"
 
 
+def choose(saved: Mapping[str, Any], state: Mapping[str, Any], fits: Callable[[int, torch.Tensor], bool],
+           dtype_of: Callable[[int], torch.dtype | None], plain: Callable[[int], torch.Tensor] | None,
+           ) -> dict[int, torch.Tensor]:
+    """A target for each tensor of a saved structure, by path: the state's tensor there when it `fits`, else
+    zeros like the parameter an optimizer state belongs to (its DTensor placement) when those fit, else
+    `plain(index)` (None: no target; the memory tier's restore makes such tensors from the snapshot)."""
+    targets = Targets(fits, dtype_of, plain)
+    current, _ = st.snapshot_entries(state)
+    for name, structure in saved.items():
+        targets.entry(structure, current.get(name), _params_by_id(state.get(name)))
+    return targets.found
+
+
 class Targets:
     """Walks a saved structure beside the state's current one, choosing a target per tensor index."""
 
-    def __init__(self, shapes: Mapping[str, Any]) -> None:
-        self.shapes = shapes
+    def __init__(self, fits: Callable[[int, torch.Tensor], bool], dtype_of: Callable[[int], torch.dtype | None],
+                 plain: Callable[[int], torch.Tensor] | None) -> None:
+        self.fits = fits
+        self.dtype_of = dtype_of
+        self.plain = plain
         self.found: dict[int, torch.Tensor] = {}
 
     def entry(self, saved: Any, current: Any, params: Mapping[Any, torch.Tensor]) -> None:
@@ -78,15 +103,16 @@ class Targets:
     def _choose(self, index: int, current: Any, like: torch.Tensor | None) -> None:
         if index in self.found:
             return  # a tensor saved once for two places (tied weights)
-        info = self.shapes.get(key(index))
-        size = tuple(getattr(info, "size", ()) or ())
-        dtype = getattr(getattr(info, "properties", None), "dtype", None)
-        if isinstance(current, torch.Tensor) and tuple(current.shape) == size and current.dtype == dtype:
+        if isinstance(current, torch.Tensor) and self.fits(index, current):
             self.found[index] = current
-        elif like is not None and tuple(like.shape) == size:
-            self.found[index] = torch.zeros_like(like, dtype=dtype, requires_grad=False)
-        else:
-            self.found[index] = torch.zeros(size, dtype=dtype)
+            return
+        if like is not None:
+            made = torch.zeros_like(like, dtype=self.dtype_of(index) or like.dtype, requires_grad=False)
+            if self.fits(index, made):
+                self.found[index] = made
+                return
+        if self.plain is not None:
+            self.found[index] = self.plain(index)
 
 
 def _params_by_id(value: Any) -> dict[Any, torch.Tensor]:

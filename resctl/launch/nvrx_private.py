@@ -174,6 +174,8 @@ NAMES: tuple[Private, ...] = (
         ("torch.distributed.rendezvous", "_create_c10d_store", "attribute",
          "wrapped: a worker's env:// store joins this round's key space (shim/agent_store.py)"),
         ("torch", "_foreach_copy_", "attribute", "one batched copy into the staging arena (checkpoint/staging.py)"),
+        ("torch.distributed.checkpoint.state_dict", "_init_optim_state", "attribute",
+         "wrapped: its zero-lr optimizer step is not counted as a training step (shim/dcpsaves.py)"),
         ("torch.utils.data:DataLoader", "_index_sampler", "attribute",
          "patched (checkpoint/dataposition.py): a resumed pass skips what was consumed"),
         ("torch.utils.data:DataLoader", "_iterator", "instance", "the persistent workers' iterator, resumed in place"),

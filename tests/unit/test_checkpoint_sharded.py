@@ -145,7 +145,12 @@ FSDP_WORKER = textwrap.dedent(
         model(torch.randn(4, 6, generator=g)).square().mean().backward()
         opt.step()
 
-    step(0)  # the optimizer has its state: a sharded load restores into it
+    if phase == "train":
+        step(0)  # a restarted process's optimizer has no state until its first step (the resume below)
+    else:
+        g = torch.Generator().manual_seed(rank)  # the restart's model starts elsewhere: the restore must overwrite it
+        for p in model.parameters():
+            p.data.to_local().copy_(torch.randn(p.data.to_local().shape, generator=g))
     events = EventLog(root + "-events-" + phase, rank=rank)
     ck = Checkpointer(dir=root, interval_steps=100, memory_every=3, run_id="run-fsdp", events=events)
     state = {"model": model, "optim": opt}
