@@ -202,7 +202,7 @@ def _resolve(owner: str) -> object:
     return obj
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source(klass: type) -> str:
     try:
         return inspect.getsource(klass)
