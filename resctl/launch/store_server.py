@@ -110,10 +110,10 @@ def bind(listen: Listen) -> socket.socket:
 
 def serve(listen: Listen, on_ready: Callable[[Listen], None], stop: threading.Event | None = None) -> None:
     """Serve the store on `listen` until SIGTERM/SIGINT (or `stop` is set); the keys die with the process."""
+    stop = stop or threading.Event()
+    sock = bind(listen)  # before torch's import: a bad address or a taken port is said at once
     import torch.distributed as dist
 
-    stop = stop or threading.Event()
-    sock = bind(listen)
     client_host = "127.0.0.1" if listen.host == "0.0.0.0" else "::1" if listen.host == "::" else listen.host
     try:
         store: Any = dist.TCPStore(client_host, listen.port, None, True, timeout=timedelta(seconds=30),
