@@ -12,6 +12,9 @@ EXIT_USAGE = 2
 EXIT_NO_PROGRESS = 93
 #: This node was left out of the job by the cluster preflight (health.preflight_policy = "exclude").
 EXIT_EXCLUDED = 94
+#: The rendezvous store became unreachable (its `resctl store` process, or with launch.store = "node" the
+#: node that hosted it, is gone): no restart round can be held, so every node stops (issue 42).
+EXIT_STORE_LOST = 95
 
 
 class ResctlError(Exception):

@@ -17,7 +17,7 @@ import typer
 import typer.core
 
 from resctl import __version__
-from resctl.cli import doctor_cmd, profile_cmd, report_cmd, run_cmd, tune_cmd
+from resctl.cli import doctor_cmd, profile_cmd, report_cmd, run_cmd, store_cmd, tune_cmd
 from resctl.profile import contract
 
 app = typer.Typer(
@@ -53,6 +53,7 @@ app.add_typer(profile_cmd.app, name="profile")
 app.command("doctor", epilog=doctor_cmd.EPILOG)(doctor_cmd.doctor)
 app.command("tune-interval", epilog=tune_cmd.EPILOG)(tune_cmd.tune_interval)
 app.command("report", epilog=report_cmd.EPILOG)(report_cmd.report)
+app.command("store", epilog=store_cmd.EPILOG)(store_cmd.store)
 
 
 #: Metavars where the option's name upper-cased (argparse's and so torchrun's way) says less.

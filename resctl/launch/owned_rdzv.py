@@ -254,10 +254,10 @@ class OwnedRendezvousHandler:
             self._start_heartbeats()
             return
         try:  # the keep-alive's own connection, made before anything else uses the store from a thread
-            self._beat_store = self._connect() if self._connect is not None else _second_client(self._store)
+            self._beat_store = self._connect() if self._connect is not None else _second_client(self._base_store)
         except Exception as err:  # noqa: BLE001 - the shared connection still works (beats wait behind a wait)
             log.debug("rendezvous keep-alive: no second connection (%s); sharing the agent's", err)
-            self._beat_store = self._store
+            self._beat_store = self._base_store
         self._slot = int(self._store.add(self._keys.members, 1)) - 1
         self._beat()
         if self.on_register is not None:

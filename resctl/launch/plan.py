@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 from resctl.errors import UsageError
 from resctl.launch import nvrx_flags
-from resctl.launch.rdzv_rounds import IMPL_ENV, KEEP_ALIVE_ENV, MISSES_ENV
+from resctl.launch.rdzv_rounds import IMPL_ENV, KEEP_ALIVE_ENV, MISSES_ENV, STORE_ENV
 from resctl.launch.rendezvous import Rendezvous
 from resctl.profile import contract
 from resctl.profile.contract import read_plan
@@ -111,7 +111,7 @@ def owned_rendezvous_env(resolved: Resolved, series: str, policy: str) -> dict[s
                          f"any-failed restart policy, and this plan's is {policy} (in-process restart on NVRx 0.4 "
                          "picks min-healthy). Set launch.restart_policy = \"any-failed\" or launch.rendezvous = \"nvrx\".")
     return {IMPL_ENV: "resctl", KEEP_ALIVE_ENV: f"{launch.rdzv_keep_alive:g}",
-            MISSES_ENV: str(launch.rdzv_keep_alive_misses)}
+            MISSES_ENV: str(launch.rdzv_keep_alive_misses), STORE_ENV: launch.store}
 
 
 def plan_json(profile: Profile, run_id: str, run_dir: Path, nvrx_version: str, target: Target) -> str:
@@ -207,11 +207,13 @@ def _rendezvous_section(d: _Draft, launch: Launch, rendezvous: Rendezvous) -> No
     d.add("--rdzv-endpoint", rendezvous.endpoint, "launch.rdzv_endpoint", by_rdzv)
     d.add("--rdzv-id", rendezvous.run_id, "launch.rdzv_id", by_rdzv)
     conf = dict(launch.rdzv_conf)
-    if rendezvous.is_host is not None and "is_host" not in conf:
+    if launch.store == "external":  # `resctl store` serves it: every node is a client (issue 42)
+        conf["is_host"] = "0"
+    elif rendezvous.is_host is not None and "is_host" not in conf:
         conf["is_host"] = "1" if rendezvous.is_host else "0"
     if conf:
         d.add("--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items()), "launch.rdzv_conf",
-              None if launch.rdzv_conf else by_rdzv)
+              None if launch.rdzv_conf else "launch.store" if launch.store == "external" else by_rdzv)
     if launch.master_addr:
         d.add("--master-addr", launch.master_addr, "launch.master_addr")
     if launch.master_port is not None:

@@ -33,7 +33,7 @@ import os
 import socket
 from typing import Any
 
-from resctl.launch import owned_rdzv, rdzv_rounds
+from resctl.launch import owned_rdzv, rdzv_rounds, store_guard
 from resctl.patching import Patches
 
 log = logging.getLogger(__name__)
@@ -57,13 +57,15 @@ def install(patches: Patches, env: Any = None, agent_methods: bool = True) -> bo
         return False
     keep_alive = float(env.get(rdzv_rounds.KEEP_ALIVE_ENV) or 1.0)
     misses = int(env.get(rdzv_rounds.MISSES_ENV) or 3)
+    external = env.get(rdzv_rounds.STORE_ENV) == "external"
     compat = compat_agent_api()
     registry = _registry()
 
     def register_owned() -> None:
         register()  # NVRx's: swaps torch's c10d handler for its own; ours replaces that one
         registry._registry.pop("c10d", None)
-        registry.register("c10d", lambda params: owned_handler(params, keep_alive, misses, barrier=compat is None))
+        registry.register("c10d", lambda params: owned_handler(params, keep_alive, misses, barrier=compat is None,
+                                                               external=external))
 
     patches.set(launcher, "_register_ft_rdzv_handler", register_owned)
     if compat is not None and agent_methods:
@@ -104,9 +106,11 @@ def _compat_agent(patches: Patches, api: Any) -> None:
     patches.set(api.SimpleElasticAgent, "_share_and_gather", gather_from_outcome)
 
 
-def owned_handler(params: Any, keep_alive: float, misses: int, barrier: bool = False) -> Any:
+def owned_handler(params: Any, keep_alive: float, misses: int, barrier: bool = False, external: bool = False) -> Any:
     """What NVRx's own handler factory does (its store, its IPC socket from the ranks, its GPU health
-    check), with resctl's handler; `barrier`: the one NVRx >= 0.6's agent drives."""
+    check), with resctl's handler; `barrier`: the one NVRx >= 0.6's agent drives. The handler's requests
+    go through a `StoreGuard`: the store lost stops the job with a reason (`external`: it was a `resctl
+    store`); the rounds' PrefixStores (the agents' and workers') are over the store itself."""
     from nvidia_resiliency_ext.fault_tolerance import launcher
     from nvidia_resiliency_ext.fault_tolerance.ipc_connector import IpcConnector
     from nvidia_resiliency_ext.shared_utils.health_check import GPUHealthCheck
@@ -124,8 +128,9 @@ def owned_handler(params: Any, keep_alive: float, misses: int, barrier: bool = F
     connector = IpcConnector(launcher.FT_LAUNCHER_IPC_SOCKET)
     connector.start_receiving()
     kind = BarrierAgentHandler if barrier else owned_rdzv.OwnedRendezvousHandler
-    handler = kind(store, owned_rdzv.settings_from(params, keep_alive, misses), connector=connector,
-                   health_check=lambda: GPUHealthCheck()())
+    guarded = store_guard.StoreGuard(store, store_guard.StoreLost(store_guard.endpoint_of(store), external))
+    handler = kind(guarded, owned_rdzv.settings_from(params, keep_alive, misses), connector=connector,
+                   health_check=lambda: GPUHealthCheck()(), base_store=store)
     handler.on_register = _write_slot
     handler.on_spare = SpareConsole()
     if isinstance(handler, BarrierAgentHandler):

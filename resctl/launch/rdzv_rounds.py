@@ -19,6 +19,7 @@ from resctl.profile import contract
 #: What the plan tells the launcher (resctl.launch.plan -> resctl.launch.adapters): which rendezvous,
 #: its keep-alive interval (seconds) and how many missed keep-alives make a node gone.
 IMPL_ENV, KEEP_ALIVE_ENV, MISSES_ENV = contract.RDZV, contract.RDZV_KEEP_ALIVE, contract.RDZV_MISSES
+STORE_ENV = contract.RDZV_STORE
 #: Where the launcher writes this node's member slot (`resctl run` marks it dead if the launcher dies).
 SLOT_FILE = "rdzv-slot-{pid}"
 

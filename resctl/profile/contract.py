@@ -40,6 +40,7 @@ STORE_PREFIX = "RESCTL_STORE_PREFIX"
 RDZV = "RESCTL_RDZV"
 RDZV_KEEP_ALIVE = "RESCTL_RDZV_KEEP_ALIVE"
 RDZV_MISSES = "RESCTL_RDZV_MISSES"
+RDZV_STORE = "RESCTL_RDZV_STORE"
 SHM_DIR = "RESCTL_SHM_DIR"
 SHM_LAUNCH = "RESCTL_SHM_LAUNCH"
 REPLICA_ADDR = "RESCTL_REPLICA_ADDR"
@@ -67,6 +68,7 @@ ENV: dict[str, str] = {
     RDZV: "resctl run -> launcher: 'resctl' selects resctl's rendezvous",
     RDZV_KEEP_ALIVE: "resctl run -> launcher: resctl's rendezvous keep-alive interval (seconds)",
     RDZV_MISSES: "resctl run -> launcher: keep-alives a node may miss before it is lost",
+    RDZV_STORE: "resctl run -> launcher: where the rendezvous store lives (launch.store: node or external)",
     SHM_DIR: "user -> workers: where the memory tier's /dev/shm tree goes",
     SHM_LAUNCH: "resctl run -> workers: this launch's suffix of the memory tier's tree",
     REPLICA_ADDR: "resctl run -> workers: host:port of this node's replica server",

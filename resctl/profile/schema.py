@@ -235,6 +235,12 @@ class Launch(Section):
     rdzv_id: Annotated[str, AfterValidator(_check_run_id)] = Field("auto", description="Job id shared by all nodes; auto derives it from the scheduler or a fresh id.")
     rdzv_conf: Annotated[dict[str, str], AfterValidator(_check_conf)] = Field(default_factory=dict, description="Extra rendezvous settings (key = value).")
     standalone: bool = Field(False, description="Single-node rendezvous on a free local port (torchrun --standalone).")
+    store: Literal["node", "external"] = Field(
+        "node", description="Where the rendezvous store lives. node: in the launcher of the node with is_host (torchrun's "
+        "and NVRx's way; that node lost, the job is lost). external: in a `resctl store` process that trains nothing, "
+        "at launch.rdzv_endpoint; every node connects as a client (is_host = 0), so any node may be lost "
+        "(docs/recovery.md, issue 42).",
+    )
     k8s_service: str = Field(
         "", description="Headless Service of the Indexed Job; rank 0 is <job>-0.<service>.<namespace>.svc.cluster.local."
     )
@@ -336,6 +342,8 @@ class Launch(Section):
             if port == 0 and max_nodes > 1:
                 raise ValueError(f"launch.rdzv_endpoint {self.rdzv_endpoint} has port 0, which other nodes "
                                  "cannot reach; give a fixed port")
+        if self.store == "external":
+            self._external_store_rules(endpoint_set)
         if self.restart_policy == "min-healthy" and self.nvrx_version != "auto" \
                 and nvrx_series(self.nvrx_version) != "0.4":
             raise ValueError(f"launch.restart_policy = \"min-healthy\" is not accepted by NVRx {self.nvrx_version} "
@@ -344,6 +352,24 @@ class Launch(Section):
             raise ValueError("launch.rendezvous = \"resctl\" keeps no worker states, which restart_policy "
                              "\"min-healthy\" needs; use restart_policy = \"any-failed\" or rendezvous = \"nvrx\"")
         return self
+
+    def _external_store_rules(self, endpoint_set: bool) -> None:
+        """launch.store = "external": the nodes reach a `resctl store` at launch.rdzv_endpoint, none hosts one."""
+        if self.standalone:
+            raise ValueError("launch.store = \"external\" needs the `resctl store` endpoint, which launch.standalone = "
+                             "true replaces with a local one; set launch.standalone = false")
+        if self.rdzv_conf.get("is_host", "").strip().lower() in ("1", "true"):
+            raise ValueError("launch.store = \"external\": no node hosts the store, but launch.rdzv_conf sets "
+                             "is_host = 1; drop is_host (the plan sets 0 on every node)")
+        if not endpoint_set:
+            raise ValueError("launch.store = \"external\" connects every node to a `resctl store`: set "
+                             "launch.rdzv_endpoint (--rdzv-endpoint) to its HOST:PORT")
+        if self.preflight == "cluster":
+            raise ValueError("launch.preflight = \"cluster\" meets on the store host's launcher, which "
+                             "launch.store = \"external\" has none of; set launch.preflight = \"off\" (or store = \"node\")")
+        if split_endpoint(self.rdzv_endpoint, self.rdzv_port)[1] == 0:
+            raise ValueError(f"launch.store = \"external\": launch.rdzv_endpoint {self.rdzv_endpoint} has port 0; "
+                             "give the port `resctl store --listen` serves on")
 
 
 class Heartbeat(Section):

@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 KIT = REPO / "examples" / "kubernetes"
 SLURM = REPO / "examples" / "slurm"
 PROFILES = REPO / "examples" / "profiles"
-MANIFESTS = ["headless-service.yaml", "fsx-storage.yaml", "profile-configmap.yaml", "job.yaml", "health-rbac.yaml"]
+MANIFESTS = ["headless-service.yaml", "fsx-storage.yaml", "profile-configmap.yaml", "job.yaml", "health-rbac.yaml",
+             "rendezvous-store.yaml"]
 DCGM_EXPORTER_PORT = 9400
 
 
@@ -92,6 +93,24 @@ def test_job_is_wired_the_way_resctl_expects() -> None:
     assert doctor["env"] == train["env"] and doctor["volumeMounts"] == train["volumeMounts"]
     assert not [e for e in train["env"] if e["name"].startswith("RESCTL_LAUNCH_")], "launch settings live in the profile"
     assert "JOB_UID" in {e["name"] for e in train["env"]}
+
+
+def test_store_deployment_serves_what_the_nodes_connect_to(tmp_path: Path) -> None:
+    """rendezvous-store.yaml: one `resctl store` (never two), off the GPU nodes, behind a Service whose port
+    is the store's; the profile with the README's two lines is one resctl accepts (every node a client)."""
+    deployment, service = render("rendezvous-store.yaml", JOB_NAME="j")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["command"] == ["resctl", "store", "--listen", "0.0.0.0:29500"]
+    assert service["spec"]["selector"] == spec["template"]["metadata"]["labels"]
+    assert service["spec"]["ports"][0]["port"] == 29500 and service["metadata"]["name"] == "j-store"
+    (cm,) = render("profile-configmap.yaml", JOB_NAME="j")
+    text = cm["data"]["prod.toml"].replace('rdzv_endpoint = "auto"', 'store = "external"\nrdzv_endpoint = '
+                                           '"j-store.default.svc.cluster.local:29500"')
+    (tmp_path / "prod.toml").write_text(text)
+    launch = resolve(tmp_path / "prod.toml", env={}).profile.launch
+    assert launch.store == "external" and launch.rdzv_endpoint.startswith("j-store.")
 
 
 def test_failures_are_spent_per_index() -> None:
