@@ -22,11 +22,12 @@ _resctl() {
         "doctor:"*) words="--cluster --deep --dir --json --only --profile --root --set --skip --storage-mb --strict -p --help" ;;
         "tune-interval:"*) words="--async --from-run --headroom --interval --json --max-overhead --mem-commit --mem-stall --memory-every --mtbf --node-mtbf --nodes --restart --stall --state-size --step-time --sync --toml --write-bw --write-profile --write-slowdown --write-time --help" ;;
         "report:"*) words="--html --json --help" ;;
+        "store:"*) words="--listen --help" ;;
         "profile show:"*) words="--json --profile --set -p --help" ;;
         "profile init:"*) words="--force --help" ;;
         "profile validate:"*) words="--help" ;;
         "profile:"*) words="init show validate --help" ;;
-        ":"*) words="doctor profile report run tune-interval --version --help" ;;
+        ":"*) words="doctor profile report run store tune-interval --version --help" ;;
     esac
     if [[ -n "$files" && "$cur" != -* ]]; then
         COMPREPLY=($(compgen -f -- "$cur"))

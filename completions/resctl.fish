@@ -86,6 +86,8 @@ complete -c resctl -n '__fish_seen_subcommand_from tune-interval' -l help
 complete -c resctl -n '__fish_seen_subcommand_from report' -l html
 complete -c resctl -n '__fish_seen_subcommand_from report' -l json
 complete -c resctl -n '__fish_seen_subcommand_from report' -l help
+complete -c resctl -n '__fish_seen_subcommand_from store' -l listen
+complete -c resctl -n '__fish_seen_subcommand_from store' -l help
 complete -c resctl -n '__fish_seen_subcommand_from profile && __fish_seen_subcommand_from show' -l json
 complete -c resctl -n '__fish_seen_subcommand_from profile && __fish_seen_subcommand_from show' -l profile
 complete -c resctl -n '__fish_seen_subcommand_from profile && __fish_seen_subcommand_from show' -l set
@@ -96,6 +98,6 @@ complete -c resctl -n '__fish_seen_subcommand_from profile && __fish_seen_subcom
 complete -c resctl -n '__fish_seen_subcommand_from profile && __fish_seen_subcommand_from validate' -l help
 complete -c resctl -n '__fish_seen_subcommand_from profile && not __fish_seen_subcommand_from init show validate' -a 'init show validate'
 complete -c resctl -n '__fish_seen_subcommand_from profile && not __fish_seen_subcommand_from init show validate' -l help
-complete -c resctl -n '__fish_use_subcommand' -a 'doctor profile report run tune-interval'
+complete -c resctl -n '__fish_use_subcommand' -a 'doctor profile report run store tune-interval'
 complete -c resctl -n '__fish_use_subcommand' -l version
 complete -c resctl -n '__fish_use_subcommand' -l help

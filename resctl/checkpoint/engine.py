@@ -227,14 +227,13 @@ class Checkpointer:
         self.writes.end()
 
     def _save_sharded(self, entries: dict[str, Any], stateful: list[str], step: int, own: list[str]) -> None:
-        """Collective: every rank stages its own shards now and writes them in the background when
-        async (see `sharded`); a failure goes through the policy on every rank. `own`: a rank > 0's
-        per-rank entries (data positions), written beside the checkpoint as for plain state."""
+        """Collective: every rank stages its shards now, writes them in the background when async (`sharded`);
+        a failure goes through the policy on every rank. `own`: a rank > 0's per-rank entries (`rankside`)."""
         staged = self._sharded.stage(entries, stateful, step)  # a rank that fails here fails the write on all
-        fail = self.writes.take_injected_failure()
-        side: Path | None = None
+        fail, side = self.writes.take_injected_failure(), None
         try:
-            side = self._write_own(entries, own, step) if own else None
+            side = rankside.write_entries(self.dir, entries, own, step=step, rank=self.rank,
+                                          world_size=self.world_size, run_id=self.run_id) if own else None
         except OSError as err:  # a full or broken disk: this rank fails the collective write, every rank reports it
             fail = fail or f"{type(err).__name__}: {err}"
         staged_at = time.monotonic()
@@ -282,7 +281,8 @@ class Checkpointer:
         if not names:
             return
         try:
-            path = self._write_own(entries, names, step)
+            path = rankside.write_entries(self.dir, entries, names, step=step, rank=self.rank,
+                                          world_size=self.world_size, run_id=self.run_id)
         except OSError as err:  # a full or broken disk: the failed-save policy, as for rank 0's write
             self.writes.record_failure(step, err)
             return
@@ -292,11 +292,6 @@ class Checkpointer:
             rankside.prune(self.dir, self.rank)
 
         self.writes.submit(job, step, None)
-
-    def _write_own(self, entries: dict[str, Any], names: list[str], step: int) -> Path:
-        data = rankside.encode({n: entries[n] for n in names}, step=step, rank=self.rank, world_size=self.world_size,
-                               run_id=self.run_id)
-        return rankside.write(self.dir, self.rank, step, data)
 
     def maybe_save(self, state: MutableMapping[str, Any], step: int) -> bool:
         """Save when `step % interval_steps == 0`; always remember (state, step) for `save_final`.

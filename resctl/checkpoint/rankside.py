@@ -84,6 +84,13 @@ def decode(data: bytes) -> dict[str, Any]:
     return rec
 
 
+def write_entries(root: Path, entries: Mapping[str, Any], names: list[str], *, step: int, rank: int,
+                  world_size: int, run_id: str) -> Path:
+    """`encode` the entries `names` of `entries` and `write` them as rank `rank`'s file of `step`."""
+    data = encode({n: entries[n] for n in names}, step=step, rank=rank, world_size=world_size, run_id=run_id)
+    return write(root, rank, step, data)
+
+
 def write(root: Path, rank: int, step: int, data: bytes) -> Path:
     """Write `data` as rank `rank`'s file of `step`, aside then renamed over, not yet fsynced (`sync`).
 

@@ -22,8 +22,9 @@ def store(
     listen: Annotated[str, typer.Option("--listen", help="ADDR:PORT to listen on: an address of this machine, "
                                         "0.0.0.0 (or [::]) for every interface; the port defaults to 29500.")] = "0.0.0.0:29500",
 ) -> None:
-    """Serve the rendezvous store that every node's `resctl run` connects to (launch.store = "external").
+    """Serve the job's rendezvous store, off the training nodes.
 
+    Every node's `resctl run` connects to it with launch.store = "external".
     Runs until SIGTERM or SIGINT; the store keeps its keys in memory, so a job whose store is stopped
     stops too (exit 95 on every node: docs/recovery.md). Start it before the nodes, on a machine that
     does not train, and keep it running until the job ends.
