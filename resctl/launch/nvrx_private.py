@@ -127,6 +127,9 @@ NAMES: tuple[Private, ...] = (
             ("0.4",), ("0.4.1",)),
     Private(TORCH_MP, "_terminate_process_handler", "attribute", "the stop signals' handler the agent takes over",
             ("0.6+",), ("0.7.0",)),
+    # torch's, in the workers (`resctl.shim.busy`: each rank's own work in a synchronous step)
+    Private("torch.nn.parallel:DistributedDataParallel", "_check_comm_hook", "method",
+            "a comm hook the script registers inside the shim's timed one is checked as DDP checks it"),
 )
 
 
