@@ -35,7 +35,7 @@ the compute of the layer before it, so every rank's own work is undercounted by 
 
 `busy` then goes into the step event (`busy`, seconds); the straggler detector compares ranks by it when
 they all have it. Timing starts at the step boundary where the last `WINDOW` steps after a `WARMUP` took
-`TIMED_FROM_S` or more (median), in a process whose default group is up: a Python hook per bucket in place
+`TIMED_FROM_S` or more (their upper median), in a process whose default group is up: a Python hook per bucket in place
 of DDP's C++ all-reduce and a Python wrapper per wait cost tens of microseconds a step, several percent of
 a tiny CUDA step (issue 31) and under 0.5 % from `TIMED_FROM_S` up. A rank slow enough to matter makes
 every rank's step that long, so it is timed and named all the same. A DDP module is noted at its first
@@ -48,7 +48,6 @@ work, alike on every rank (no name, and no false one).
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 import weakref
@@ -147,7 +146,7 @@ class BusyClock:
             self._warmup -= 1
             return
         self._steps.append(step)
-        if len(self._steps) < WINDOW or statistics.median(self._steps) < TIMED_FROM_S or not _group_up():
+        if len(self._steps) < WINDOW or sorted(self._steps)[WINDOW // 2] < TIMED_FROM_S or not _group_up():
             return
         self.timing = True
         self._steps.clear()

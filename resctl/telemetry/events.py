@@ -205,7 +205,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("steps", "int", "", "slow steps in a row"),
         Field("margin", "float", "", "health.straggler_margin it was judged by", optional=True),
         Field("measure", "str", "", "what was compared: busy (each rank's own work outside the "
-              "collectives it waits in, the step events' `busy`: a synchronous job) or step (step durations)", optional=True),
+              "collectives it waits in, the step events' `busy`: a synchronous job) or step (step durations)",
+              optional=True),
     ), "resctl.health.watch"),
     Kind("end", "the worker finished its script", (
         Field("status", "str", "", "ok, error, sigterm (a stop of the job), restart-stop (stopped by the launcher "
