@@ -130,6 +130,8 @@ NAMES: tuple[Private, ...] = (
     # torch's, in the workers (`resctl.shim.busy`: each rank's own work in a synchronous step)
     Private("torch.nn.parallel:DistributedDataParallel", "_check_comm_hook", "method",
             "a comm hook the script registers inside the shim's timed one is checked as DDP checks it"),
+    Private("torch._C", "_current_graph_task_id", "attribute",
+            "a collective's wait in autograd's thread is the training step's (FSDP2's own test for its backward)"),
 )
 
 

@@ -13,11 +13,13 @@ all-reduce per bucket, and work after the last one (the optimizer, the script's 
 subtracting them needs no model of where a step's collectives are; the work between two of them, or after
 the last, counts wherever it is. The waits are timed where the host waits:
 
-- every `Work.wait()` called from Python on the training thread (the thread of the optimizer step): the
-  waits of FSDP2 (its all-gather copy-out and its reduce-scatter, sync or async), of FSDP1 and of every
-  synchronous `torch.distributed` call (`all_reduce(...)` waits in Python), the script's own metric
-  reductions included. `Work.wait` is replaced through `resctl.patching.Patches`; waits of other threads
-  (a background checkpoint writer's group) pass through untimed: they block no step.
+- every `Work.wait()` called from Python on the training thread (the thread of the optimizer step) or in a
+  backward it runs (on a GPU autograd runs the backward, FSDP's hooks included, in a thread per device; told
+  by torch's graph task id, as FSDP2 tells its backward): the waits of FSDP2 (its all-gather copy-out and its
+  reduce-scatter, sync or async), of FSDP1 and of every synchronous `torch.distributed` call (`all_reduce`
+  waits in Python), the script's own metric reductions included. `Work.wait` is replaced through
+  `resctl.patching.Patches`; waits of other threads (a background checkpoint writer's group) pass through
+  untimed: they block no step.
 - DDP's gradient all-reduce waits in C++ (the reducer), so DDP's comm hook is timed instead: every
   `DistributedDataParallel` gets a hook that does what DDP would have done (`allreduce_hook`, DDP's own
   reference for its default), or the script's own hook when it registers one (wrapped, not replaced), and
@@ -84,6 +86,9 @@ class BusyClock:
         self.waiting: list[weakref.ref[Any]] = []
         self.time_module: Callable[[Any], None] = lambda module: None
         self.time_waits: Callable[[], None] = lambda: None  # puts the timed `Work.wait` in place (`install`'s)
+        #: True in a thread running a backward for the training thread (autograd's device threads on a GPU,
+        #: where FSDP's backward hooks wait): `install`'s, from torch's graph task id as FSDP2 reads it.
+        self.in_backward: Callable[[], bool] = lambda: False
 
     # -- the waits ------------------------------------------------------------------------------
     def wait_begin(self) -> Any:
@@ -106,8 +111,8 @@ class BusyClock:
         if getattr(tensor, "is_cuda", False):
             if self._broken:
                 return
-            if self._cuda is None:  # a script's own hook, before the steps are long: timed from here on
-                self._cuda = CudaSteps(tensor.device)
+            if self._cuda is None or self._cuda.device != tensor.device:  # a script's own hook before the steps
+                self._cuda = CudaSteps(tensor.device)  # are long, or the current device is not the gradients'
             self._issued_event = self._cuda_record()
         else:
             self._issued = _monotonic()
@@ -230,8 +235,8 @@ def _cuda_in_use() -> bool:
 
 
 def waited(clock: BusyClock, wait: Callable[..., Any], work: Any, *args: Any, **kwargs: Any) -> Any:
-    """`wait(work, ...)`, timed as a wait of the step when it is the training thread's."""
-    if threading.get_ident() != clock.thread:  # another thread's wait (a background writer's) blocks no step
+    """`wait(work, ...)`, timed as a wait of the step when it is the training thread's or its backward's."""
+    if threading.get_ident() != clock.thread and not clock.in_backward():  # a background writer's: blocks no step
         return wait(work, *args, **kwargs)
     token = clock.wait_begin()
     try:
@@ -264,6 +269,7 @@ def install(clock: BusyClock, patches: Patches) -> Callable[[], None]:
     """Note every DDP module at its first forward and make `clock` able to time waits, for it to start once
     steps are long; returns what the first optimizer step calls (removes the pre-hook)."""
     try:
+        import torch
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         from torch.distributed.distributed_c10d import Work
         from torch.nn.modules.module import register_module_forward_pre_hook
@@ -301,6 +307,9 @@ def install(clock: BusyClock, patches: Patches) -> Callable[[], None]:
 
     clock.time_module = time_module
     clock.time_waits = lambda: patches.set(Work, "wait", timed_wait)
+    graph_task = getattr(torch._C, "_current_graph_task_id", None)  # private: resctl.launch.nvrx_private
+    if graph_task is not None:
+        clock.in_backward = lambda: bool(graph_task() != -1)
     patches.set(DDP, "register_comm_hook", register_timed)
     handle = register_module_forward_pre_hook(attach)
     patches.on_undo(handle.remove)

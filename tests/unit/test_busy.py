@@ -88,6 +88,13 @@ def test_only_the_training_threads_waits_count(now: Clock) -> None:
     assert calls == [("writer's work", 0.0), ("work", 5.0)]
     # 70 ms of step: the training thread's 30 ms wait is not its own work, a background writer's wait is.
     assert clock.boundary(now.now) == pytest.approx(0.040)
+    # A wait in autograd's thread of a backward the training thread runs (FSDP's hooks on a GPU) is the step's.
+    clock.in_backward = lambda: threading.get_ident() != clock.thread
+    other = threading.Thread(target=busy.waited, args=(clock, wait, "reduce-scatter"))
+    other.start()
+    other.join()
+    now.now += 0.010
+    assert clock.boundary(now.now) == pytest.approx(0.010)
 
 
 def test_a_wait_that_raises_is_timed_and_raises(now: Clock) -> None:
