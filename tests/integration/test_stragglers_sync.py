@@ -116,7 +116,7 @@ def test_a_rank_40ms_slower_in_a_synchronous_loop_is_named_on_the_console_and_in
 def test_a_balanced_synchronous_job_names_no_one(tmp_path: Path, kind: str, nproc: int) -> None:
     # 12 ms of work a step on every rank: steps long enough to be timed on any box (resctl.shim.busy.TIMED_FROM_S),
     # so the ranks are compared by their own work, the measure a false name would come from.
-    out, run_dir, _ = _run(tmp_path, nproc, _env(kind, -1, "before", steps=100, work=0.012), name=f"even{nproc}")
+    out, run_dir, _ = _run(tmp_path, nproc, _env(kind, -1, "before", steps=80, work=0.012), name=f"even{nproc}")
     assert "is a straggler" not in out, out[-3000:]
     assert not [e for e in events(run_dir) if e["kind"] == "straggler"]
     busy = [e for e in events(run_dir) if e["kind"] == "step" and e.get("busy") is not None]
