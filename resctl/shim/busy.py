@@ -78,6 +78,7 @@ class BusyClock:
         self.timing = False  # steps are long: waits are timed and DDP modules hooked
         self.reporting = False  # a wait or a DDP bucket was timed: the steps carry `busy`
         self._issued = 0.0
+        self._issued_event: Any = None  # the same on a GPU: a CUDA event
         self._cuda: CudaSteps | None = None
         self._broken = False  # CUDA timing failed once (reported as no busy time from then on, never raised)
         self._steps: deque[float] = deque(maxlen=WINDOW)  # the last steps' lengths, until timing starts
@@ -108,11 +109,12 @@ class BusyClock:
 
     def bucket_issued(self, tensor: Any) -> None:
         """From DDP's hook, once the step's last bucket is handed to its all-reduce."""
-        if getattr(tensor, "is_cuda", False):
-            if self._broken:
-                return
-            if self._cuda is None or self._cuda.device != tensor.device:  # a script's own hook before the steps
-                self._cuda = CudaSteps(tensor.device)  # are long, or the current device is not the gradients'
+        if self._broken:
+            return
+        if getattr(tensor, "is_cuda", False) and (self._cuda is None or self._cuda.device != tensor.device):
+            self._cuda = CudaSteps(tensor.device)  # a script's own hook before the steps are long, or the current
+            # device is not the gradients'
+        if self._cuda is not None:  # every time of the step is an event then, on one device's stream
             self._issued_event = self._cuda_record()
         else:
             self._issued = _monotonic()
@@ -121,10 +123,10 @@ class BusyClock:
     def bucket_done(self, fut: Any) -> Any:
         """The callback chained on the last bucket's future (a comm thread's, or CUDA's): its value unchanged."""
         if self._cuda is not None:
-            done, issued = self._cuda_record(), getattr(self, "_issued_event", None)
-            if done is not None and issued is not None:
+            done, issued = self._cuda_record(), self._issued_event
+            if done is not None and issued is not None and self._cuda is not None:
                 self._cuda.ddp = (issued, done)
-        else:
+        elif not self._broken:
             self.ddp_blocked += _monotonic() - self._issued
         return fut.value()
 

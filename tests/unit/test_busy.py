@@ -144,3 +144,36 @@ def test_cuda_own_work_is_read_from_events_once_they_complete() -> None:
         event.done = True
     assert steps.boundary() == pytest.approx(0.030)  # the second: 60 ms less DDP's 30 ms wait
     assert not steps.pending[-1][1].done  # the third (from 160 ms) waits for its end event
+
+
+def test_on_a_gpu_every_time_of_the_step_is_an_event_of_the_gradients_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock's GPU path end to end with stand-in events: a wait and DDP's last bucket as event pairs, the step
+    between two boundary events, the gradients' device taking over from the current one."""
+    times = iter([0.0, 2.0, 5.0, 25.0, 30.0, 70.0, 90.0, 100.0])
+    devices = []
+
+    class Steps(busy.CudaSteps):
+        def record(self) -> Event:
+            devices.append(self.device)
+            return Event(next(times))
+
+    class Grad:
+        is_cuda = True
+        device = "cuda:1"
+
+    class Fut:
+        def value(self) -> str:
+            return "grads"
+
+    clock = busy.BusyClock()
+    clock.timing = clock.reporting = True
+    clock._cuda = Steps("cuda:0")  # the current device when timing started
+    monkeypatch.setattr(busy, "CudaSteps", Steps)  # what bucket_issued makes for the gradients' device
+    clock.bucket_issued(Grad())  # 0 ms: the gradients live on cuda:1, the clock moves there
+    clock.bucket_done(Fut())  # 2 ms
+    assert clock.boundary(0.0) is None  # 5 ms: the first boundary on cuda:1 starts its first step
+    clock.wait_end(clock.wait_begin())  # 25-30 ms: a 5 ms wait
+    clock.bucket_issued(Grad())  # 70 ms
+    assert clock.bucket_done(Fut()) == "grads"  # 90 ms: DDP waited 20 ms; the future's value goes on
+    assert clock.boundary(0.0) == pytest.approx((100.0 - 5.0 - 5.0 - 20.0) / 1000)  # 100 ms; all complete: read
+    assert devices == ["cuda:1"] * 8
