@@ -35,11 +35,15 @@ compute stream waits on by event: there the pair times the all-gather stream's w
 the compute of the layer before it, so every rank's own work is undercounted by the overlapped transfers
 (alike on balanced ranks) and the rank the others wait for stands out by more, not less.
 
+Not NVRx's straggler detector (`nvidia_resiliency_ext.straggler`): it times the sections a script marks
+(and kernels through CUPTI), so it needs the script edited; this needs no edit and serves CPU jobs too.
+
 `busy` then goes into the step event (`busy`, seconds); the straggler detector compares ranks by it when
 they all have it. Timing starts at the step boundary where the last `WINDOW` steps after a `WARMUP` took
-`TIMED_FROM_S` or more (their upper median), in a process whose default group is up: a Python hook per bucket in place
-of DDP's C++ all-reduce and a Python wrapper per wait cost tens of microseconds a step, several percent of
-a tiny CUDA step (issue 31) and under 0.5 % from `TIMED_FROM_S` up. A rank slow enough to matter makes
+`TIMED_FROM_S` or more (their upper median), in a process whose default group is up: a Python hook per
+bucket in place of DDP's C++ all-reduce costs tens of microseconds a step, and a wrapper per wait (0.4 us
+on CPU, bench/bench_busy.py; a pair of CUDA events on a GPU) adds up over FSDP's dozens of waits: several
+percent of a tiny CUDA step (issue 31), under 0.5 % from `TIMED_FROM_S` up. A rank slow enough to matter makes
 every rank's step that long, so it is timed and named all the same. A DDP module is noted at its first
 forward (a global forward pre-hook, removed at the first optimizer step: no cost per module call after it);
 a script's own DDP hook is wrapped when it registers it (it already pays for a Python hook). Not timed:
