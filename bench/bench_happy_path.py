@@ -13,6 +13,7 @@ torchrun's + 3.
 
     python bench/bench_happy_path.py --repeats 5                       # this CPU box (gloo)
     python bench/bench_happy_path.py --repeats 5 --device cuda --nproc 8 # one GPU node (nccl)
+    python bench/bench_happy_path.py --repeats 5 --width 1280             # steps long enough to be timed
 
 Another resctl beside this one (an older commit's checkout, say): `--resctl-path LABEL=DIR` runs a
 column `resctl@LABEL` with DIR first on PYTHONPATH, alternating with the others:
@@ -77,6 +78,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--width", type=int, default=32,
+                    help="the DDP loop's Linear(width, width): 1280 makes CPU steps of ~15-20 ms, long enough for "
+                    "the shim to time each rank's own work (resctl.shim.busy)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--json", type=Path, help="also write the raw numbers here")
     ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
@@ -90,7 +94,7 @@ def main() -> int:
     wall: dict[str, list[float]] = {k: [] for k in kinds}
     lines: dict[str, list[int]] = {k: [] for k in kinds}
     step: dict[str, list[float]] = {k: [] for k in kinds}
-    ddp_args = [str(DDP), "--steps", str(args.steps), "--device", args.device]
+    ddp_args = [str(DDP), "--steps", str(args.steps), "--device", args.device, "--width", str(args.width)]
     for i in range(args.repeats):
         order = kinds if i % 2 == 0 else kinds[::-1]  # alternate who goes first
         for kind in order:

@@ -129,7 +129,7 @@ HEAVY_FILES = {
     "integration/test_node_stop.py": 167, "integration/test_slurm_kit.py": 144, "integration/test_stop_step.py": 129,
     "integration/test_hot_spare.py": 103, "integration/test_zero_edit_report.py": 97, "cli/test_cli.py": 93,
     "unit/test_checkpoint_replica.py": 86, "integration/test_quick_stop.py": 83, "unit/test_two_tier_run.py": 80,
-    "unit/test_report_html.py": 66, "integration/test_stragglers_ddp.py": 65, "cli/test_fuzz_events.py": 63,
+    "unit/test_report_html.py": 66, "integration/test_stragglers_sync.py": 120, "cli/test_fuzz_events.py": 63,
     "integration/test_multihost.py": 62, "integration/test_cluster_preflight.py": 61,
     "integration/test_owned_rdzv.py": 59, "integration/test_checkpoint_kill.py": 57,
     "integration/test_memory_rollback.py": 56, "unit/test_data_position.py": 55,

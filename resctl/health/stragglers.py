@@ -1,10 +1,10 @@
 """Stragglers: a rank whose steps stay slower than the other ranks' by a margin (pure; fed step events).
 
-What is compared: in a synchronous job (DDP: the step events carry `busy`, resctl/shim/busy.py) each
-rank's own work in a step, from the step boundary to its last gradient bucket ready for the all-reduce;
-otherwise the time between a rank's optimizer steps. Step times alone cannot name a slow rank of a DDP
-job: every rank waits for the slowest in the all-reduce, so all take its step time. The work before the
-wait differs, and the rank the others wait for stands out by it.
+What is compared: in a synchronous job (DDP, FSDP: the step events carry `busy`, resctl/shim/busy.py)
+each rank's own work in a step, its step time less the time it was blocked in collectives; otherwise the
+time between a rank's optimizer steps. Step times alone cannot name a slow rank of a synchronous job:
+every rank waits for the slowest in its collectives, so all take its step time. The work outside the
+waits differs, and the rank the others wait for stands out by it.
 
 Each rank's recent time is the median of its last `RECENT` values (the first step of a cycle or
 in-process iteration is left out: it holds the start and the load); ranks are compared with the ranks
@@ -37,14 +37,14 @@ class Straggler:
     cycle: int
     iteration: int
     t: float  # time of the step that named it
-    measure: str = "step"  # "busy": own work before DDP's all-reduce; "step": step durations
+    measure: str = "step"  # "busy": own work outside the collectives' waits; "step": step durations
 
     @property
     def ratio(self) -> float:
         return self.seconds / self.median if self.median > 0 else float("inf")
 
     def message(self) -> str:
-        what = ("its own work before the gradient all-reduce takes" if self.measure == "busy"
+        what = ("its own work outside the collectives it waits in takes" if self.measure == "busy"
                 else "its steps take")
         waits = f"; the others wait {self.seconds - self.median:.3g} s a step for it" if self.measure == "busy" else ""
         return (f"rank {self.rank} is a straggler: {what} {self.seconds:.3g} s, the other ranks' "
@@ -60,7 +60,7 @@ class _Rank:
         self.fast = 0  # steps within the margin in a row since it was named
         self.named = False
         self.value: float | None = None  # recent time, once RECENT steps of the epoch are in
-        self.measure = "step"  # what `value` is: "busy" (DDP) or "step"
+        self.measure = "step"  # what `value` is: "busy" (synchronous) or "step"
 
 
 class StragglerDetector:

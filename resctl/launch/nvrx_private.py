@@ -188,6 +188,8 @@ NAMES: tuple[Private, ...] = (
         ("torch.distributed.tensor", "_random", "module", "DTensor's RNG state (shim/fresh.py)"),
         ("torch.distributed.tensor._random", "_rng_tracker", "attribute",
          "reset before an in-process restart (shim/fresh.py)"),
+        ("torch._C", "_current_graph_task_id", "attribute",
+         "a collective's wait in autograd's thread is the training step's (shim/busy.py; FSDP2's own test)"),
         ("torch", "_dynamo", "module", "preloaded beside forked workers (launch/preload.py), reset before an "
          "in-process restart (shim/fresh.py)"),
     )),

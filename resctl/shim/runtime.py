@@ -164,7 +164,7 @@ class Shim:
         self._late_noted = False  # the launcher was told whether the script imported its late preload
         #: Every change the shim makes to torch, NVRx and the standard library; `undo()` reverts them.
         self.patches = Patches("shim")
-        #: Each step's own work before DDP's all-reduce (the straggler detector's measure in a synchronous job).
+        #: Each step's own work outside its collectives' waits (the straggler detector's measure in a synchronous job).
         self.busy = BusyClock()
         self._busy_off: Callable[[], None] | None = None
 
@@ -427,7 +427,7 @@ class Shim:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.patches.on_undo(register_optimizer_step_post_hook(self.on_optimizer_step).remove)
-        if self.profile.health.stragglers:  # each rank's own work in a DDP step (resctl.shim.busy)
+        if self.profile.health.stragglers:  # each rank's own work in a synchronous step (resctl.shim.busy)
             self._busy_off = busy.install(self.busy, self.patches)
         original_init = dist.init_process_group
         shim = self

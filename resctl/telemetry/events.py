@@ -78,9 +78,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("step", "an optimizer step finished", (
         Field("step", "int", "step", "the step's number (continues from the resumed step)"),
         Field("duration", "float", "s", "time since the previous step event (or the start / resume)"),
-        Field("busy", "float", "s", "this rank's own work in the step: from the previous step boundary to its last "
-              "gradient bucket ready for DDP's all-reduce (CUDA events on a GPU), before it waits for the others; "
-              "only under DDP (resctl.shim.busy)", optional=True),
+        Field("busy", "float", "s", "this rank's own work in the step: its duration less the time it was blocked "
+              "in collectives (Work.wait, DDP's gradient all-reduce; CUDA events on a GPU), where the others wait "
+              "for it; in a synchronous job once steps are >= 10 ms (resctl.shim.busy)", optional=True),
     ), "resctl.shim.runtime"),
     Kind("ckpt_stall", "a save returned to the training loop", (
         _STEP_OPT,
@@ -208,8 +208,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("ratio", "float", "", "seconds / median"),
         Field("steps", "int", "", "slow steps in a row"),
         Field("margin", "float", "", "health.straggler_margin it was judged by", optional=True),
-        Field("measure", "str", "", "what was compared: busy (each rank's own work before DDP's all-reduce, the "
-              "step events' `busy`: a synchronous job) or step (step durations)", optional=True),
+        Field("measure", "str", "", "what was compared: busy (each rank's own work outside the "
+              "collectives it waits in, the step events' `busy`: a synchronous job) or step (step durations)",
+              optional=True),
     ), "resctl.health.watch"),
     Kind("end", "the worker finished its script", (
         Field("status", "str", "", "ok, error, sigterm (a stop of the job), restart-stop (stopped by the launcher "

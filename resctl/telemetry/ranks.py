@@ -3,8 +3,8 @@
 Each rank's step durations go into a log-bucketed histogram (2 % wide: the median is exact to 1 %,
 memory is bounded by the spread of step times, not by the steps); the first step of each cycle or
 in-process iteration is left out (it holds the start and the load), as the straggler detector does.
-A rank's `ratio` is its median over the median of the other ranks' medians (of its own work before DDP's
-all-reduce, the step events' `busy`, when every rank has it); `named` counts the
+A rank's `ratio` is its median over the median of the other ranks' medians (of its own work outside the
+collectives it waits in, the step events' `busy`, when every rank has it); `named` counts the
 `straggler` events the health watch wrote for it (docs/recovery.md, "Health").
 """
 
@@ -115,7 +115,7 @@ class RecentSteps:
 
     def __init__(self) -> None:
         self._recent: dict[int, deque[float]] = {}
-        self._busy: dict[int, deque[float]] = {}  # the step events' `busy` (DDP): own work before the all-reduce
+        self._busy: dict[int, deque[float]] = {}  # the step events' `busy`: own work outside the waits
         self._epoch: dict[int, tuple[int, int]] = {}
 
     def feed(self, e: dict[str, Any]) -> float | None:
@@ -133,7 +133,7 @@ class RecentSteps:
             return None
         recent.append(e["duration"])
         if e.get("busy") is None:
-            busy.clear()  # a step without DDP's hook: the rank's busy time no longer describes it
+            busy.clear()  # a step not timed: the rank's busy time no longer describes it
         else:
             busy.append(e["busy"])
         return statistics.median(recent)

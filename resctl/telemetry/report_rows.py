@@ -160,7 +160,8 @@ def rank_rows(rank_steps: list[dict[str, Any]]) -> tuple[str, list[list[str]]] |
                        key=lambda r: r["rank"])
         title += f" (the {len(shown)} slowest or named of {len(timed)}; --json lists all)"
     if any(r.get("ratio_of") == "busy" for r in shown):
-        title += " (own work: before DDP's all-reduce, which every rank waits in for the slowest; compared by it)"
+        title += (" (own work: the step less its waits in collectives, which every rank waits in for the slowest;"
+                  " compared by it)")
     return title, [[str(r["rank"]), str(r["steps"]), f"{r['median_s']:.4g}", f"{r['mean_s']:.4g}",
                     "-" if r.get("busy_median_s") is None else f"{r['busy_median_s']:.4g}",
                     "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",

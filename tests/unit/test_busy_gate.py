@@ -96,7 +96,7 @@ def test_a_cuda_timing_failure_is_no_busy_time_and_never_reaches_the_step() -> N
     recorded) must cost the straggler measure, never the user's `optimizer.step()`."""
     import time
 
-    from resctl.shim.busy import BusyClock
+    from resctl.shim.busy import BusyClock, CudaSteps
 
     class Refused:
         def query(self) -> bool:
@@ -107,7 +107,10 @@ def test_a_cuda_timing_failure_is_no_busy_time_and_never_reaches_the_step() -> N
         device = "cuda:1"
 
     clock = BusyClock()
-    clock._cuda_start, clock._cuda_ready, clock._cuda_device = Refused(), Refused(), "cuda:1"
+    clock.reporting = True
+    clock._cuda = steps = CudaSteps("cuda:1")
+    steps.start, steps.record = Refused(), Refused  # type: ignore[method-assign]
     assert clock.boundary(time.monotonic()) is None
-    clock.bucket_ready(CudaGrad())  # timing is off from now on: no new event is made
-    assert clock._cuda_ready is None and clock.boundary(time.monotonic()) is None
+    clock.bucket_issued(CudaGrad())  # timing is off from now on: no new event is made
+    clock.wait_end(clock.wait_begin())  # nor for a wait
+    assert clock._cuda is None and clock.boundary(time.monotonic()) is None
