@@ -125,11 +125,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: in CI's last minutes).
 HEAVY_FILES = {
     "compat/test_compat.py": 750, "integration/test_recovery.py": 424, "integration/test_data_position.py": 388,
-    "integration/test_run.py": 273, "integration/test_stop_phases.py": 175, "unit/test_checkpoint_memory.py": 168,
-    "integration/test_node_stop.py": 167, "integration/test_slurm_kit.py": 144, "integration/test_stop_step.py": 129,
+    "integration/test_run.py": 273, "integration/test_fsdp_recovery.py": 190, "integration/test_stop_phases.py": 175,
+    "unit/test_checkpoint_memory.py": 168, "integration/test_node_stop.py": 167, "integration/test_slurm_kit.py": 144,
+    "integration/test_stop_step.py": 129, "integration/test_stragglers_sync.py": 120,
     "integration/test_hot_spare.py": 103, "integration/test_zero_edit_report.py": 97, "cli/test_cli.py": 93,
     "unit/test_checkpoint_replica.py": 86, "integration/test_quick_stop.py": 83, "unit/test_two_tier_run.py": 80,
-    "unit/test_report_html.py": 66, "integration/test_stragglers_sync.py": 120, "cli/test_fuzz_events.py": 63,
+    "unit/test_report_html.py": 66, "integration/test_external_store.py": 65, "cli/test_fuzz_events.py": 63,
     "integration/test_multihost.py": 62, "integration/test_cluster_preflight.py": 61,
     "integration/test_owned_rdzv.py": 59, "integration/test_checkpoint_kill.py": 57,
     "integration/test_memory_rollback.py": 56, "unit/test_data_position.py": 55,
