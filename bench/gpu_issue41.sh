@@ -19,9 +19,12 @@ for part in ${*:-stall straggler happy}; do
         --steps ${STEPS:-60} --interval 20 --step-time ${STEP_TIME:-0.25} --memory-every 20 --restore --repeats 1 \
         --json "$OUT/stall41.json" 2> "$OUT/stall41.err"
       echo "exit $?"; grep "^\[" "$OUT/stall41.err";;
-    straggler) echo "== stragglers on CUDA"
-      timeout ${STRAGGLER_TIMEOUT:-150} python3 bench/gpu_straggler.py ${STRAGGLER_ARGS:-} > "$OUT/straggler.txt" 2>&1
-      echo "exit $?"; tail -25 "$OUT/straggler.txt";;
+    straggler) echo "== stragglers on CUDA: DDP, 2 ranks on GPU 0 over gloo, rank 1 +delay after backward, then before forward"
+      for where in after before; do
+        timeout ${STRAGGLER_TIMEOUT:-150} python3 bench/gpu_straggler.py --device cuda --runs 1 --model ddp --where $where \
+          --json "$OUT/straggler-$where.json" > "$OUT/straggler-$where.txt" 2>&1
+        echo "exit $?"; tail -12 "$OUT/straggler-$where.txt"
+      done;;
     happy) echo "== happy path, 1 GPU, torchrun vs resctl (step median of medians, no-op wall)"
       timeout ${HAPPY_TIMEOUT:-240} python3 bench/bench_happy_path.py --device cuda --nproc 1 --steps 2000 --repeats ${HAPPY_REPEATS:-3} \
         > "$OUT/happy.txt" 2>&1
