@@ -213,12 +213,15 @@ class CudaSteps:
         if self.start is not None:
             self.pending.append((self.start, end, waits))
         self.start, self.waits, self.ddp = end, [], None
-        busy = None
-        while self.pending and _complete(self.pending[0]):
-            start, end, waits = self.pending.popleft()
-            blocked = sum(before.elapsed_time(after) for before, after in waits)
-            busy = max(0.0, start.elapsed_time(end) - blocked) / 1000.0
-        return busy
+        # One step read a boundary, the oldest complete: its value goes into this step's event, a constant
+        # few steps late. Draining every complete step and reporting only the newest left most step events
+        # without `busy` on a GPU (the host runs ahead of the stream in bursts), and a step without it resets
+        # the rank's recent own work (telemetry/ranks.py): the straggler detector fell back to step times.
+        if not (self.pending and _complete(self.pending[0])):
+            return None
+        start, end, waits = self.pending.popleft()
+        blocked = sum(before.elapsed_time(after) for before, after in waits)
+        return max(0.0, start.elapsed_time(end) - blocked) / 1000.0
 
 
 def _complete(step: tuple[Any, Any, list[tuple[Any, Any]]]) -> bool:

@@ -146,6 +146,26 @@ def test_cuda_own_work_is_read_from_events_once_they_complete() -> None:
     assert not steps.pending[-1][1].done  # the third (from 160 ms) waits for its end event
 
 
+def test_cuda_steps_that_complete_together_are_reported_one_a_boundary() -> None:
+    """The host runs ahead of the GPU in bursts: steps that complete together are read one a boundary, so every
+    step event after the first few carries `busy` (a step without it resets the rank's recent own work)."""
+    steps = busy.CudaSteps("cuda:0")
+    clock = iter(float(t) for t in range(0, 1000, 10))
+    recorded: list[Event] = []
+
+    def record() -> Event:
+        recorded.append(Event(next(clock), done=False))
+        return recorded[-1]
+
+    steps.record = record  # type: ignore[method-assign]
+    seen = [steps.boundary() for _ in range(4)]  # nothing complete yet: the GPU is three steps behind
+    assert seen == [None, None, None, None]
+    for event in recorded:
+        event.done = True  # the three steps complete at once
+    seen = [steps.boundary() for _ in range(3)]
+    assert seen == [pytest.approx(0.010)] * 3  # one a boundary, oldest first: none dropped
+
+
 def test_on_a_gpu_every_time_of_the_step_is_an_event_of_the_gradients_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The clock's GPU path end to end with stand-in events: a wait and DDP's last bucket as event pairs, the step
     between two boundary events, the gradients' device taking over from the current one."""
