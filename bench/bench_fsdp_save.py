@@ -38,7 +38,8 @@ def command(launcher: str, nproc: int, tmp: Path, case: tuple[str, str], args: a
     ck = tmp / f"ck-{launcher}-{model}-{save}"
     script = [str(SCRIPT), "--model", model, "--save", save, "--dir", str(ck), "--device", args.device,
               "--layers", str(args.layers), "--width", str(args.width), "--steps", str(args.steps),
-              "--interval", str(args.interval), "--step-time", str(args.step_time), "--memory-every", str(args.memory_every), *(["--restore"] if args.restore else [])]
+              "--interval", str(args.interval), "--step-time", str(args.step_time), "--memory-every", str(args.memory_every), *(["--restore"] if args.restore else []),
+              *(["--split-wait"] if args.split_wait else [])]
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *script]
     return [sys.executable, "-m", "resctl", "run", "--nproc-per-node", str(nproc), "--run-dir", str(tmp / "runs"),
@@ -68,6 +69,7 @@ def main() -> int:
     ap.add_argument("--step-time", type=float, default=0.0, help="seconds of pretend compute (sleep) a step")
     ap.add_argument("--memory-every", type=int, default=0, help="resctl run: checkpoint.memory_every")
     ap.add_argument("--restore", action="store_true", help="time a load after the loop (resctl saves)")
+    ap.add_argument("--split-wait", action="store_true", help="time the wait for the previous write apart")
     ap.add_argument("--cases", default=",".join(f"{m}:{s}" for m, s in CASES))
     ap.add_argument("--launchers", default="torchrun,resctl")
     ap.add_argument("--json", default="")
@@ -84,7 +86,7 @@ def main() -> int:
                     rows.setdefault(key, []).append(res)
                     print(f"[{r}] {key}: stall p50 {res['stall_p50_s']} s first {res['first_s']} s "
                           f"copy {res['copy_s']} s step {res['step_p50_s']} s efficiency {res['efficiency']} "
-                          f"restore {res['restore']}", file=sys.stderr, flush=True)
+                          f"restore {res['restore']} waited {res['waited_s']}", file=sys.stderr, flush=True)
     summary = {}
     for key, results in rows.items():
         summary[key] = {name: round(statistics.median(r[name] for r in results), 4)

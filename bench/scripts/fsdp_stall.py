@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--step-time", type=float, default=0.0, help="seconds of pretend compute (sleep) per step")
     ap.add_argument("--memory-every", type=int, default=0, help="without resctl run: checkpoint.memory_every")
+    ap.add_argument("--split-wait", action="store_true",
+                    help="resctl: wait for the previous write first (timed apart: `waited_s`), so the stall is the staging")
     ap.add_argument("--restore", action="store_true", help="after the loop: time a load (resctl: memory tier or disk)")
     args = ap.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -116,7 +118,7 @@ def main() -> None:
         if "RESCTL_PLAN" not in os.environ and "RESCTL_RUN_DIR" not in os.environ:
             ckpt.configure(dir=args.dir, interval_steps=args.interval, memory_every=args.memory_every)
     x = torch.randn(args.batch, args.width, device=device)
-    steps, stalls = [], []
+    steps, stalls, waits = [], [], []
     loop0 = time.perf_counter()
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
@@ -129,6 +131,10 @@ def main() -> None:
         t1 = time.perf_counter()
         if step % args.interval == 0 and args.save != "none":
             if args.save == "resctl":
+                if args.split_wait:
+                    ckpt.wait()
+                    waits.append(time.perf_counter() - t1)
+                    t1 = time.perf_counter()
                 ckpt.maybe_save(state_of(), step)
             else:
                 import torch.distributed.checkpoint as dcp
@@ -143,11 +149,20 @@ def main() -> None:
         ckpt.wait()
     restore = None
     if args.restore and args.save == "resctl":
+        # The state as saved last (the loop ends on a save step), then wiped: the load must put every byte back.
+        live = local_tensors({"model": model.state_dict(), "optim": opt.state_dict()})
+        want = [t.clone() for t in live]
+        for t in live:
+            t.zero_()
         sync()
         t0 = time.perf_counter()
         restored = ckpt.load(state_of())
         sync()
-        restore = {"step": restored, "seconds": round(time.perf_counter() - t0, 4)}
+        seconds = time.perf_counter() - t0
+        now = local_tensors({"model": model.state_dict(), "optim": opt.state_dict()})
+        exact = len(now) == len(want) and all(torch.equal(a, b) for a, b in zip(now, want))
+        restore = {"step": restored, "seconds": round(seconds, 4), "exact": exact}
+        del want
     copy = copy_seconds(local_tensors({"model": model.state_dict(), "optim": opt.state_dict()}), sync)
     if rank == 0:
         steady = stalls[1:] or stalls
@@ -156,6 +171,7 @@ def main() -> None:
             "first_s": round(stalls[0], 4) if stalls else None,
             "stall_p50_s": round(statistics.median(steady), 4) if steady else None,
             "stalls_s": [round(s, 4) for s in stalls],
+            "waited_s": [round(s, 4) for s in waits],
             "step_p50_s": round(statistics.median(steps), 4),
             "copy_s": round(copy, 4),
             "loop_s": round(loop_s, 3),

@@ -370,7 +370,7 @@ class MemoryTier:
             raise CheckpointMismatch(f"memory snapshot step {step} does not fit the state: " + "; ".join(problems[:5]))
         sharded = _sharded_targets(meta, manifest.tensors, state)
         data = map_snapshot(path / DATA, manifest.stream_bytes)
-        devices = None if sharded is not None else _upload_devices(meta["entries"], manifest.tensors, current)
+        devices = _upload_devices(meta["entries"], manifest.tensors, current, sharded)
         staged: list[torch.Tensor] | None = None
         if data is None:
             got = checksum(b"")
@@ -398,7 +398,8 @@ class MemoryTier:
         stays intact for a later restart."""
         self._wait_warm()  # a slot may be being mapped in the background
         if v.staged is not None:
-            st.restore(state, st.unflatten(v.meta["entries"], v.staged), list(v.meta["stateful"]))
+            staged = v.staged if v.targets is None else [_into(v.targets.get(i), t) for i, t in enumerate(v.staged)]
+            st.restore(state, st.unflatten(v.meta["entries"], staged), list(v.meta["stateful"]))
             self._last = v.slot
             if v.data is not None:
                 self._exec.submit(unmap, v.data)  # unmapping GBs of populated pages takes a while
@@ -590,19 +591,29 @@ def _world_size() -> int:
 UPLOAD_HEADROOM = 512 << 20
 
 
-def _upload_devices(saved: Any, specs: tuple[fmt.TensorSpec, ...], current: Mapping[str, Any]) -> list[torch.device] | None:
+def _into(target: torch.Tensor | None, staged: torch.Tensor) -> torch.Tensor:
+    """An uploaded tensor of a sharded snapshot: copied into its DTensor's local part (on the device), else as is."""
+    if target is None or not st.is_sharded(target):
+        return staged
+    _local(target).copy_(staged)
+    return target
+
+
+def _upload_devices(saved: Any, specs: tuple[fmt.TensorSpec, ...], current: Mapping[str, Any],
+                    targets: dict[int, torch.Tensor] | None = None) -> list[torch.device] | None:
     """Where each snapshot tensor goes when `verify` uploads while it checksums: the device of the
     state's tensor at the same place, else the state's device (scalars, e.g. an optimizer's step
     count, stay on the CPU); None when the state is not on CUDA or its device lacks the room."""
     home = _home_device(current)
     if home.type != "cuda":
         return None
-    targets: dict[int, torch.Tensor] = {}
-    _pair(saved, current, targets)
+    if targets is None:  # a sharded snapshot's are chosen by path (`_sharded_targets`)
+        targets = {}
+        _pair(saved, current, targets)
     devices = []
     for i, spec in enumerate(specs):
         t = targets.get(i)
-        devices.append(t.device if t is not None else torch.device("cpu") if len(spec.shape) == 0 else home)
+        devices.append(_local(t).device if t is not None else torch.device("cpu") if len(spec.shape) == 0 else home)
     need: dict[torch.device, int] = {}
     for d, spec in zip(devices, specs):
         if d.type == "cuda":
