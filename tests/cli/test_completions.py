@@ -30,7 +30,7 @@ BASH = SCRIPTS / "resctl.bash"
 #: (what is typed, what TAB offers), the same in every shell. Where the last word is not an option,
 #: the options are left out of the comparison (fish offers them only once a "-" is typed).
 CASES = [
-    ("resctl ", ["doctor", "profile", "report", "run", "tune-interval"]),
+    ("resctl ", ["doctor", "profile", "report", "run", "store", "tune-interval"]),
     ("resctl --", ["--help", "--version"]),
     ("resctl run --nproc", ["--nproc-per-node"]),  # once, in dashes: no --nproc_per_node
     ("resctl run --max", ["--max-restarts"]),
