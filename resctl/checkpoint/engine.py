@@ -217,7 +217,8 @@ class Checkpointer:
         self.start()
         self.writes.last_saved_step = step  # cleared by the failed-save policy if the write fails
         if any(st.is_sharded(t) for t in st.find_tensors(entries)):
-            self._save_sharded(entries, stateful, step, rankside.names(state) if self.rank else [])
+            _save_sharded(self, entries, stateful, step, rankside.names(state) if self.rank else [],
+                          snapshot if snapshot is not None and snapshot.step == step else None)
         elif self.rank == 0:
             self._save_plain(entries, stateful, step, snapshot if snapshot is not None and snapshot.step == step else None)
         else:  # rank 0's copy of replicated state is everyone's; what differs per rank goes beside it
@@ -225,31 +226,6 @@ class Checkpointer:
         blocked = time.monotonic() - t0
         self.events.emit("ckpt_stall", step=step, seconds=round(blocked, 6), waited=round(waited, 6))
         self.writes.end()
-
-    def _save_sharded(self, entries: dict[str, Any], stateful: list[str], step: int, own: list[str]) -> None:
-        """Collective: every rank stages its shards now, writes them in the background when async (`sharded`);
-        a failure goes through the policy on every rank. `own`: a rank > 0's per-rank entries (`rankside`)."""
-        staged = self._sharded.stage(entries, stateful, step)  # a rank that fails here fails the write on all
-        fail, side = self.writes.take_injected_failure(), None
-        try:
-            side = rankside.write_entries(self.dir, entries, own, step=step, rank=self.rank,
-                                          world_size=self.world_size, run_id=self.run_id) if own else None
-        except OSError as err:  # a full or broken disk: this rank fails the collective write, every rank reports it
-            fail = fail or f"{type(err).__name__}: {err}"
-        staged_at = time.monotonic()
-
-        def job() -> None:
-            total = sharded.write(self.dir, staged, writers=self.writers, beat=self.beat, publish=self.disk.publish,
-                                  run_id=self.run_id, fail=fail)
-            if side is not None:
-                rankside.sync(side)
-                rankside.prune(self.dir, self.rank)
-            if total is not None:
-                self.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6),
-                                 bytes=total)
-                self.disk.prune(recycle=False)  # only the plain writer overwrites recycled files
-
-        self.writes.submit(job, step, self.dir / fmt.step_dir_name(step))
 
     def _save_plain(self, entries: dict[str, Any], stateful: list[str], step: int,
                     snapshot: Snapshot | None = None) -> None:
@@ -513,3 +489,34 @@ class Checkpointer:
             log.warning("resuming from checkpoint step %d in %s, written by another run (%s); this run is %s",
                         step, self.dir, other, self.run_id)
             self.events.emit("ckpt_other_run", step=step, run_id=other, path=str(path))
+
+
+def _save_sharded(ck: Checkpointer, entries: dict[str, Any], stateful: list[str], step: int, own: list[str],
+                  snap: Snapshot | None) -> None:
+    """`Checkpointer.save` of a sharded state. Collective: every rank stages its shards now (or takes `snap`'s,
+    a memory snapshot of this step: no second copy) and writes them in the background when async (`sharded`);
+    a failure goes through the policy on every rank. `own`: a rank > 0's per-rank entries (`rankside`)."""
+    staged = ck._sharded.stage(entries, stateful, step, (snap.view, snap.specs) if snap is not None else None)
+    fail, side = ck.writes.take_injected_failure(), None  # a rank that failed to stage fails the write on all
+    try:
+        side = rankside.write_entries(ck.dir, entries, own, step=step, rank=ck.rank, world_size=ck.world_size,
+                                      run_id=ck.run_id) if own else None
+    except OSError as err:  # a full or broken disk: this rank fails the collective write, every rank reports it
+        fail = fail or f"{type(err).__name__}: {err}"
+    staged_at = time.monotonic()
+
+    def job() -> None:
+        if snap is not None and snap.ready is not None:
+            snap.ready.result()  # device staging: the bytes reach the slot in the memory tier's commit
+        total = sharded.write(ck.dir, staged, writers=ck.writers, beat=ck.beat, publish=ck.disk.publish,
+                              run_id=ck.run_id, fail=fail)
+        if side is not None:
+            rankside.sync(side)
+            rankside.prune(ck.dir, ck.rank)
+        if total is not None:
+            ck.events.emit("ckpt_persist", step=step, seconds=round(time.monotonic() - staged_at, 6), bytes=total)
+            ck.disk.prune(recycle=False)  # only the plain writer overwrites recycled files
+
+    ck.writes.submit(job, step, ck.dir / fmt.step_dir_name(step))
+    if snap is not None and ck.writes.inflight is not None:
+        ck.memory.pin(snap.slot, ck.writes.inflight)  # the slot is not overwritten while it is read

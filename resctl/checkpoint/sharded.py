@@ -41,6 +41,7 @@ import json
 import re
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -111,8 +112,7 @@ class Saver:
             (id(t.device_mesh), t.placements, t.shape, t.stride()) if isinstance(t, DTensor) else None for t in tensors))
         if self._wrapped is not None and self._wrapped[0] == layout:
             return self._wrapped[1]
-        staged = [DTensor.from_local(v, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
-                  if isinstance(t, DTensor) else v for t, v in zip(tensors, placed)]
+        staged = _wrap(tensors, placed)
         self._wrapped = (layout, staged)
         return staged
 
@@ -128,9 +128,12 @@ class Saver:
         assert isinstance(staged, dict)
         return staged
 
-    def stage(self, entries: dict[str, Any], stateful: list[str], step: int) -> Staged:
+    def stage(self, entries: dict[str, Any], stateful: list[str], step: int,
+              snapshot: tuple[torch.Tensor, list[fmt.TensorSpec]] | None = None) -> Staged:
         """Collective (the first time): copy this rank's shards of `entries` to host memory. The
-        training loop may change the state as soon as this returns."""
+        training loop may change the state as soon as this returns. `snapshot`: the bytes and layout of a
+        memory-tier snapshot of this state at this step (each DTensor's local part, in flatten order):
+        written from there, no second copy, when its layout is the state's."""
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("sharded (DTensor) state needs an initialised torch.distributed process group")
         group = self._group_for_writes()
@@ -141,6 +144,8 @@ class Saver:
             with torch.no_grad():
                 if any(type(t).__name__ == "ShardedTensor" for t in tensors):
                     flat = self._stage_with_dcp(_flat(tensors))
+                elif snapshot is not None and _fits(snapshot[1], tensors):
+                    flat = _flat(_wrap(tensors, _views(*snapshot)))
                 else:
                     flat = _flat(self._stage_dtensors(tensors))
         except Exception as err:  # noqa: BLE001 - the other ranks' writes wait for this one's collectives
@@ -151,6 +156,31 @@ class Saver:
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if st.is_sharded(t) and hasattr(t, "to_local") else t
+
+
+def _fits(specs: list[fmt.TensorSpec], tensors: list[torch.Tensor]) -> bool:
+    """A snapshot's layout is the state's: one spec per tensor, each of its local part's dtype and shape."""
+    return len(specs) == len(tensors) and all(
+        spec.dtype == fmt.dtype_name(t.dtype) and spec.shape == tuple(_local(t).shape) for spec, t in zip(specs, tensors))
+
+
+def _views(data: torch.Tensor, specs: list[fmt.TensorSpec]) -> list[torch.Tensor]:
+    """The tensors of a stream's bytes (a memory-tier slot), without a copy."""
+    return [data.narrow(0, spec.offset, spec.nbytes).view(fmt.dtype_from_name(spec.dtype)).view(spec.shape)
+            if spec.nbytes else torch.empty(spec.shape, dtype=fmt.dtype_from_name(spec.dtype)) for spec in specs]
+
+
+def _wrap(tensors: list[torch.Tensor], local: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`local[i]` as DCP writes it: a DTensor with `tensors[i]`'s mesh, placements and global shape when that
+    one is a DTensor, else as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return [DTensor.from_local(v, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+            if isinstance(t, DTensor) else v for t, v in zip(tensors, local)]
 
 
 def write(
@@ -184,7 +214,7 @@ def write(
     error: BaseException | None = RuntimeError(fail) if fail else None
     if error is None:
         try:
-            _write_own_crcs(tmp, rank)
+            _write_own_crcs(tmp, rank, writers)
         except Exception as err:  # noqa: BLE001 - reported on every rank below
             error = err
     # Every rank's shards and checksums are durable before rank 0 publishes, or nobody publishes.
@@ -209,13 +239,12 @@ def _min_over(group: Any, value: int) -> int:
     return int(flag.item())
 
 
-def _write_own_crcs(tmp: Path, rank: int) -> None:
-    crcs = {}
-    for p in tmp.iterdir():
-        m = SHARD_RE.match(p.name)
-        if m and int(m.group(1)) == rank:
-            size, crc = fmt.file_crc(p)
-            crcs[p.name] = [size, crc]
+def _write_own_crcs(tmp: Path, rank: int, threads: int) -> None:
+    """This rank's shard files checksummed (from the page cache, one thread a file: zlib releases the GIL)."""
+    own = [p for p in tmp.iterdir() if (m := SHARD_RE.match(p.name)) and int(m.group(1)) == rank]
+    with ThreadPoolExecutor(max(1, min(threads, len(own))), thread_name_prefix="resctl-crc") as pool:
+        sums = list(pool.map(fmt.file_crc, own))
+    crcs = {p.name: [size, crc] for p, (size, crc) in zip(own, sums)}
     (tmp / CRC_FILE.format(rank=rank)).write_text(json.dumps(crcs))
 
 
