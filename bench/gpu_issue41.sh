@@ -16,7 +16,8 @@ for part in ${*:-stall straggler happy}; do
     stall) echo "== FSDP2 vs DDP vs own sync DCP: stall, host copy, restore, efficiency; 1 GPU, 8 x Linear(8192, 8192) + AdamW (6.4 GB of state)"
       df -h /tmp | tail -1
       timeout ${STALL_TIMEOUT:-330} python3 bench/bench_fsdp_save.py --device cuda --nproc 1 --layers ${LAYERS:-8} --width 8192 \
-        --steps ${STEPS:-60} --interval 20 --step-time ${STEP_TIME:-0.25} --memory-every ${MEMORY_EVERY:-20} --restore --split-wait --repeats 1 --cases ${CASES:-fsdp2:resctl,ddp:resctl,fsdp2:dcp} \
+        --steps ${STEPS:-60} --interval ${INTERVAL:-20} --step-time ${STEP_TIME:-0.25} --memory-every ${MEMORY_EVERY:-20} --restore \
+        ${SPLIT---split-wait} --repeats 1 --cases ${CASES:-fsdp2:resctl,ddp:resctl,fsdp2:dcp} --launchers ${LAUNCHERS:-torchrun,resctl} \
         --json "$OUT/stall41.json" 2> "$OUT/stall41.err"
       echo "exit $?"; grep "^\[" "$OUT/stall41.err";;
     straggler) echo "== stragglers on CUDA: DDP, 2 ranks on GPU 0 over gloo, rank 1 +delay after backward, then before forward"
