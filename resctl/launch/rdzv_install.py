@@ -128,7 +128,12 @@ def owned_handler(params: Any, keep_alive: float, misses: int, barrier: bool = F
     connector = IpcConnector(launcher.FT_LAUNCHER_IPC_SOCKET)
     connector.start_receiving()
     kind = BarrierAgentHandler if barrier else owned_rdzv.OwnedRendezvousHandler
-    guarded = store_guard.StoreGuard(store, store_guard.StoreLost(store_guard.endpoint_of(store), external))
+    # Guarded where the store is another process's: a `resctl store`, or another node's (is_host=0). The node
+    # that hosts it never loses it while it runs; a failed request there is its own shutdown's order (NVRx
+    # 0.7's store host closes it while its agent still asks it once at a job's end: that exits 0, not 95).
+    is_host = params.get_as_bool("is_host", None) if hasattr(params, "get_as_bool") else None
+    guarded = (store_guard.StoreGuard(store, store_guard.StoreLost(store_guard.endpoint_of(store), external))
+               if external or is_host is False else store)
     handler = kind(guarded, owned_rdzv.settings_from(params, keep_alive, misses), connector=connector,
                    health_check=lambda: GPUHealthCheck()(), base_store=store)
     handler.on_register = _write_slot
