@@ -221,7 +221,7 @@ class CudaSteps:
             return None
         start, end, waits = self.pending.popleft()
         blocked = sum(before.elapsed_time(after) for before, after in waits)
-        return max(0.0, start.elapsed_time(end) - blocked) / 1000.0
+        return max(0.0, float(start.elapsed_time(end)) - blocked) / 1000.0
 
 
 def _complete(step: tuple[Any, Any, list[tuple[Any, Any]]]) -> bool:
