@@ -220,7 +220,7 @@ class CudaSteps:
         if not (self.pending and _complete(self.pending[0])):
             return None
         start, end, waits = self.pending.popleft()
-        blocked = sum(before.elapsed_time(after) for before, after in waits)
+        blocked = sum(float(before.elapsed_time(after)) for before, after in waits)
         return max(0.0, float(start.elapsed_time(end)) - blocked) / 1000.0
 
 
