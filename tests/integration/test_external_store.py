@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,7 @@ def test_losing_node_0_is_a_restart_round(tmp_path: Path, spare: bool) -> None:
         trained = [i for i in range(count) if node_step(tmp_path / f"node{i}", cycle=None) > 0]
         assert len(trained) == 3, trained
         lost = 0 if 0 in trained else trained[0]  # the node 0 of the job (under "node": the store's host)
+        lost_at = time.time()
         _lose(nodes[lost].pid)
         rest = [i for i in range(count) if i != lost]
         results = {i: finish(nodes[i]) for i in rest}
@@ -68,17 +70,18 @@ def test_losing_node_0_is_a_restart_round(tmp_path: Path, spare: bool) -> None:
             _lose(p.pid)
     for i, (code, out) in results.items():
         assert code == 0, f"node {i}:\n{out[-3000:]}"
-    survivors = [i for i in rest if i in trained]
-    for i in survivors:
-        resumed = [e for e in events(tmp_path / f"node{i}") if e["kind"] == "resume" and e["cycle"] >= 1]
-        assert resumed and resumed[0]["step"] >= 10, (i, resumed)  # from the last checkpoint, not step 0
+    # Who trains after the loss: the restart round takes every node that joins before its last call (1 s); on a
+    # loaded box a survivor can come after it and wait as a spare (nnodes 2:3 allows a world of 2), exit 0.
+    after = {i: [e for e in events(tmp_path / f"node{i}") if e["kind"] == "resume" and e["t"] > lost_at] for i in rest}
+    trainers = [i for i in rest if after[i]]
+    assert len(trainers) >= 2, after
+    for i in trainers:
+        assert after[i][0]["step"] >= 10, (i, after[i])  # from the last checkpoint, not step 0
         assert "world of size" in _joined_rounds(tmp_path / f"node{i}")[-1]
     if spare:
         (newcomer,) = [i for i in rest if i not in trained]
+        assert newcomer in trainers, "the waiting spare took the lost node's place"
         assert node_step(tmp_path / f"node{newcomer}", cycle=None) == 60, "the spare trained to the end"
-        assert "world of size 3" in _joined_rounds(tmp_path / f"node{survivors[0]}")[-1]
-    else:
-        assert "world of size 2" in _joined_rounds(tmp_path / f"node{survivors[0]}")[-1]
     assert (tmp_path / "final.pt").exists()  # rank 0 moved to a survivor and wrote it
 
 
