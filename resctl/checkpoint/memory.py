@@ -419,8 +419,8 @@ class MemoryTier:
             dtype = fmt.dtype_from_name(spec.dtype)
             part = src.narrow(0, spec.offset, spec.nbytes).view(dtype).view(spec.shape)
             dst = targets.get(i)
-            if dst is not None and dst.dtype == dtype and tuple(_local(dst).shape) == spec.shape:
-                _local(dst).copy_(part)  # a DTensor: this rank's part, in place
+            if dst is not None and dst.dtype == dtype and tuple(st.local_part(dst).shape) == spec.shape:
+                st.local_part(dst).copy_(part)  # a DTensor: this rank's part, in place
                 copied.append(spec)
             elif home.type == "cpu" or len(spec.shape) == 0:
                 dst = part  # zero copy: the snapshot's pages become the state's
@@ -547,11 +547,6 @@ def _pair(saved: Any, current: Any, out: dict[int, torch.Tensor]) -> None:
             _pair(a, b, out)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """What a snapshot holds of `t`: this rank's part of a DTensor, else `t`."""
-    return t.to_local() if st.is_sharded(t) and hasattr(t, "to_local") else t
-
-
 def _sharded_targets(meta: Mapping[str, Any], specs: tuple[fmt.TensorSpec, ...],
                      state: Mapping[str, Any]) -> dict[int, torch.Tensor] | None:
     """A sharded snapshot's targets (None for a plain one): each saved tensor's, by path, as a sharded disk
@@ -563,7 +558,8 @@ def _sharded_targets(meta: Mapping[str, Any], specs: tuple[fmt.TensorSpec, ...],
 
     def fits(i: int, t: torch.Tensor) -> bool:
         spec = specs[i]
-        return fmt.dtype_name(t.dtype) == spec.dtype and tuple(_local(t).shape) == spec.shape and _local(t).is_contiguous()
+        part = st.local_part(t)
+        return fmt.dtype_name(t.dtype) == spec.dtype and tuple(part.shape) == spec.shape and part.is_contiguous()
 
     targets = shardtargets.choose(meta["entries"], state, fits, lambda i: fmt.dtype_from_name(specs[i].dtype), None)
     missing = [i for i in local if i not in targets or not st.is_sharded(targets[i])]
@@ -595,7 +591,7 @@ def _into(target: torch.Tensor | None, staged: torch.Tensor) -> torch.Tensor:
     """An uploaded tensor of a sharded snapshot: copied into its DTensor's local part (on the device), else as is."""
     if target is None or not st.is_sharded(target):
         return staged
-    _local(target).copy_(staged)
+    st.local_part(target).copy_(staged)
     return target
 
 
@@ -613,7 +609,8 @@ def _upload_devices(saved: Any, specs: tuple[fmt.TensorSpec, ...], current: Mapp
     devices = []
     for i, spec in enumerate(specs):
         t = targets.get(i)
-        devices.append(_local(t).device if t is not None else torch.device("cpu") if len(spec.shape) == 0 else home)
+        device = st.local_part(t).device if t is not None else None
+        devices.append(device or (torch.device("cpu") if len(spec.shape) == 0 else home))
     need: dict[torch.device, int] = {}
     for d, spec in zip(devices, specs):
         if d.type == "cuda":

@@ -140,8 +140,7 @@ def _fit(saved: Any, current: Any, specs: tuple[fmt.TensorSpec, ...], where: str
         spec = specs[saved[1]]
         if isinstance(current, torch.Tensor):
             # A DTensor's snapshot (the memory tier's) holds this rank's part of it.
-            shape = current.to_local().shape if st.is_sharded(current) and hasattr(current, "to_local") else current.shape
-            have = (fmt.dtype_name(current.dtype), tuple(shape))
+            have = (fmt.dtype_name(current.dtype), tuple(st.local_part(current).shape))
             if have != (spec.dtype, spec.shape):
                 problems.append(f"{where}: saved {spec.dtype} {list(spec.shape)}, state has {have[0]} {list(have[1])}")
         elif isinstance(current, (Mapping, list, tuple)):

@@ -158,14 +158,10 @@ class Saver:
             self._stager = None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if st.is_sharded(t) and hasattr(t, "to_local") else t
-
-
 def _fits(specs: list[fmt.TensorSpec], tensors: list[torch.Tensor]) -> bool:
     """A snapshot's layout is the state's: one spec per tensor, each of its local part's dtype and shape."""
-    return len(specs) == len(tensors) and all(
-        spec.dtype == fmt.dtype_name(t.dtype) and spec.shape == tuple(_local(t).shape) for spec, t in zip(specs, tensors))
+    return len(specs) == len(tensors) and all(spec.dtype == fmt.dtype_name(t.dtype) and
+                                              spec.shape == tuple(st.local_part(t).shape) for spec, t in zip(specs, tensors))
 
 
 def _views(data: torch.Tensor, specs: list[fmt.TensorSpec]) -> list[torch.Tensor]:

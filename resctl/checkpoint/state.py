@@ -82,6 +82,11 @@ def flatten(
     return obj
 
 
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (`to_local()`, no copy), else `t`."""
+    return t.to_local() if is_sharded(t) and hasattr(t, "to_local") else t
+
+
 def local_parts(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
     """Each DTensor replaced by this rank's part of it (`to_local()`, no copy), and the indices of
     those: what a rank keeps of a sharded state in its own memory (the memory tier). A
