@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -208,3 +209,123 @@ def test_fsdp2_disk_checkpoints_written_from_memory_snapshots_load_bitwise(tmp_p
     _run(script, root, "train", "disk", RESCTL_SHM_DIR=str(shm))
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-000000003", "step-000000006"]
     _run(script, root, "resume", "disk", RESCTL_SHM_DIR=str(tmp_path / "empty-shm"))
+
+
+# --- a lost node: its rank's shards come back from the buddy node's copy ----------------------------
+
+FSDP_BUDDY_WORKER = textwrap.dedent(
+    """
+    import os, sys, time, warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from resctl.checkpoint import replica
+    from resctl.checkpoint.engine import Checkpointer
+    from resctl.telemetry.events import EventLog
+
+    tmp, phase = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.Linear(10, 3))  # uneven shards: 5+5 rows, 2+1 rows
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    state = {"model": model, "optim": opt}
+
+    def step(i):
+        g = torch.Generator().manual_seed(i * 10 + rank)
+        opt.zero_grad()
+        model(torch.randn(4, 6, generator=g)).square().mean().backward()
+        opt.step()
+
+    def mine():  # this rank's shards of the model and of AdamW's state, and the step counts
+        local = lambda v: v.to_local().clone() if hasattr(v, "to_local") else v.clone()
+        return {"model": {k: local(v) for k, v in model.state_dict().items()},
+                "optim": {pid: {k: local(v) for k, v in s.items()} for pid, s in opt.state_dict()["state"].items()}}
+
+    ck = Checkpointer(dir=tmp + "/ck", interval_steps=10**6, memory_every=2, memory_replicate=True, run_id="run-r",
+                      events=EventLog(tmp + "/ev-" + phase, rank=rank))
+    if phase == "train":  # steps 1..5: snapshots of 2 and 4 in memory and at the buddy, no disk checkpoint
+        assert ck.load(state) == 0
+        for i in range(1, 6):
+            step(i)
+            ck.maybe_save(state, i)
+            if i % 2 == 0:
+                ck.wait()
+                rep = ck.memory_tier().replicator
+                for _ in range(400):  # the copy reaches the buddy before the next snapshot
+                    if i in {p.step for p in replica.listing(rep.addr, rep.key, rank)}:
+                        break
+                    time.sleep(0.025)
+                else:
+                    raise SystemExit(f"step {i} never reached the buddy")
+            if i == 4:
+                torch.save(mine(), f"{tmp}/at4-rank{rank}.pt")
+        torch.save({k: v.full_tensor() for k, v in model.state_dict().items()}, f"{tmp}/at5.pt")
+        os._exit(0)  # as a kill would: the snapshots stay where they are
+    g = torch.Generator().manual_seed(rank + 7)  # the new process's model starts elsewhere
+    for p in model.parameters():
+        p.data.to_local().copy_(torch.randn(p.data.to_local().shape, generator=g))
+    resumed = ck.load(state)
+    assert resumed == 4, resumed
+    want, got = torch.load(f"{tmp}/at4-rank{rank}.pt"), mine()
+    assert want["model"].keys() == got["model"].keys() and want["optim"].keys() == got["optim"].keys()
+    assert all(torch.equal(want["model"][k], got["model"][k]) for k in want["model"]), "model shards differ"
+    assert all(want["optim"][p].keys() == got["optim"][p].keys() and
+               all(torch.equal(want["optim"][p][k], got["optim"][p][k]) for k in want["optim"][p])
+               for p in want["optim"]), "AdamW state differs"
+    assert all(isinstance(v, torch.Tensor) and hasattr(v, "to_local") for s in opt.state.values()
+               for k, v in s.items() if k != "step"), "AdamW's moments are not DTensors like their parameters"
+    step(5)  # the step after 4 again: bitwise the fault-free run's step 5
+    at5 = torch.load(f"{tmp}/at5.pt")
+    now = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    assert all(torch.equal(at5[k], now[k]) for k in at5), [k for k in at5 if not torch.equal(at5[k], now[k])]
+    dist.barrier()
+    print("ok", rank, phase, flush=True)
+    os._exit(0)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.nvrx_independent  # no launcher: two processes, the memory tier and the replica wire
+def test_fsdp2_rank_of_a_lost_node_restores_its_shards_from_the_buddys_copy(tmp_path: Path) -> None:
+    """Two "nodes" of one rank each, FSDP2 + AdamW sharded across them, snapshots replicated to the
+    buddy. Node 1 is lost: its shared memory (its rank's snapshots and the copies it kept of node 0)
+    is gone and a new replica server starts there empty. The new processes agree on step 4: rank 0
+    from its own memory, rank 1 from node 0's copy of its shards (tier "buddy"), each rank's model and
+    AdamW shards bitwise as they were at step 4, and step 5 again bitwise the fault-free run's."""
+    pytest.importorskip("numpy", reason="torch.distributed.checkpoint needs numpy for object collectives")
+    from resctl.checkpoint import replica
+    from resctl.telemetry.events import read_events
+    from tests.unit.test_checkpoint_replica import KEY, _addr, _run_ranks
+
+    roots = [tmp_path / "shm-0", tmp_path / "shm-1"]
+    for r in roots:
+        r.mkdir()
+    servers = [replica.ReplicaServer(KEY, 0, host="127.0.0.1", root=r) for r in roots]
+    try:
+        script = tmp_path / "worker.py"
+        script.write_text(FSDP_BUDDY_WORKER)
+        _run_ranks(script, tmp_path, "train", servers, roots)
+        assert sorted(p.step for p in replica.listing(_addr(servers[0]), KEY, 1)) == [2, 4]
+        assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("step-*"))  # memory only
+        servers[1].close()  # node 1 lost: its server, its own snapshots and the copies it kept
+        shutil.rmtree(roots[1])
+        roots[1] = tmp_path / "shm-1-new"  # the node that takes its place
+        roots[1].mkdir()
+        servers[1] = replica.ReplicaServer(KEY, 0, host="127.0.0.1", root=roots[1])
+        outs = _run_ranks(script, tmp_path, "resume", servers, roots)
+    finally:
+        for s in servers:
+            s.close()
+    assert all(f"ok {r} resume" in out for r, out in enumerate(outs)), outs
+    loads = {e["rank"]: e for e in read_events(tmp_path / "ev-resume") if e["kind"] == "ckpt_load"}
+    assert (loads[0]["tier"], loads[1]["tier"]) == ("memory", "buddy"), loads
+    assert loads[0]["step"] == loads[1]["step"] == 4, loads
