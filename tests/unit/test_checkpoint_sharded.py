@@ -155,19 +155,24 @@ FSDP_WORKER = textwrap.dedent(
     events = EventLog(root + "-events-" + phase, rank=rank)
     disk = len(sys.argv) > 3  # disk checkpoints at the snapshots' steps (written from them), loaded without memory
     every = (3 if phase == "train" else 0, 3) if disk else (3, 100)
+    last = 13 if disk else 7  # disk: 4 saves from the 2 slots, the last two from wrappers kept in the slots
     ck = Checkpointer(dir=root, memory_every=every[0], interval_steps=every[1], run_id="run-fsdp", events=events)
     state = {"model": model, "optim": opt}
-    if phase == "train":  # steps 1..7: snapshots at 3 and 6 in memory, no disk checkpoint
-        for i in range(1, 8):
+    if phase == "train":  # steps 1..last: snapshots every 3 in memory (and on disk, from them)
+        from resctl.checkpoint import sharded
+        wrap, built = sharded._wrap, []
+        sharded._wrap = lambda *a: built.append(1) or wrap(*a)
+        for i in range(1, last + 1):
             step(i)
             ck.maybe_save(state, i)
         ck.wait()
-        torch.save({k: v.full_tensor() for k, v in model.state_dict().items()}, root + f"-at7-rank{rank}.pt")
+        assert len(built) == (2 if disk else 0), len(built)  # DTensor wrappers of a slot's views: once a slot
+        torch.save({k: v.full_tensor() for k, v in model.state_dict().items()}, root + f"-at{last}-rank{rank}.pt")
         os._exit(0)  # as a kill would: the snapshots stay in shared memory
     resumed = ck.load(state)
-    assert resumed == 6, resumed
-    step(7)  # the step after 6 again, from memory: bitwise the first run's step 7
-    want = torch.load(root + f"-at7-rank{rank}.pt")
+    assert resumed == last - 1, resumed
+    step(last)  # the step after the snapshot again: bitwise the first run's
+    want = torch.load(root + f"-at{last}-rank{rank}.pt")
     got = {k: v.full_tensor() for k, v in model.state_dict().items()}
     assert all(torch.equal(want[k], got[k]) for k in want), [k for k in want if not torch.equal(want[k], got[k])]
     import json
@@ -199,7 +204,9 @@ def test_fsdp2_shards_snapshot_into_the_memory_tier_and_restore_bitwise(tmp_path
 
 def test_fsdp2_disk_checkpoints_written_from_memory_snapshots_load_bitwise(tmp_path: Path) -> None:
     """A sharded disk save at a memory snapshot's step writes the snapshot's bytes (no second copy of the
-    shards): loaded from disk alone by new processes, step 7 is bitwise the first run's."""
+    shards), through DTensor wrappers of the slot's views built once a slot (the saves at 9 and 12 reuse
+    those of 3 and 6, over the new bytes): loaded from disk alone by new processes, step 13 is bitwise the
+    first run's."""
     pytest.importorskip("numpy", reason="torch.distributed.checkpoint needs numpy for object collectives")
     shm = tmp_path / "shm"
     shm.mkdir()
@@ -207,7 +214,7 @@ def test_fsdp2_disk_checkpoints_written_from_memory_snapshots_load_bitwise(tmp_p
     script.write_text(FSDP_WORKER)
     root = tmp_path / "ck"
     _run(script, root, "train", "disk", RESCTL_SHM_DIR=str(shm))
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-000000003", "step-000000006"]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-000000009", "step-000000012"]
     _run(script, root, "resume", "disk", RESCTL_SHM_DIR=str(tmp_path / "empty-shm"))
 
 
