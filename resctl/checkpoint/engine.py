@@ -496,7 +496,8 @@ def _save_sharded(ck: Checkpointer, entries: dict[str, Any], stateful: list[str]
     """`Checkpointer.save` of a sharded state. Collective: every rank stages its shards now (or takes `snap`'s,
     a memory snapshot of this step: no second copy) and writes them in the background when async (`sharded`);
     a failure goes through the policy on every rank. `own`: a rank > 0's per-rank entries (`rankside`)."""
-    staged = ck._sharded.stage(entries, stateful, step, (snap.view, snap.specs) if snap is not None else None)
+    staged = ck._sharded.stage(entries, stateful, step,
+                               sharded.FromSnapshot(snap.view, snap.specs, snap.memo) if snap is not None else None)
     fail, side = ck.writes.take_injected_failure(), None  # a rank that failed to stage fails the write on all
     try:
         side = rankside.write_entries(ck.dir, entries, own, step=step, rank=ck.rank, world_size=ck.world_size,

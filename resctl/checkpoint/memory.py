@@ -36,7 +36,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping
 
@@ -72,6 +72,8 @@ class Snapshot:
     #: Done when the snapshot is committed (a disk write from `view` waits for it: with device
     #: staging the bytes reach `view` in the background).
     ready: Future[None] | None = None
+    #: The slot's `Slot.memo` (kept while the slot stays mapped as it is).
+    memo: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,7 +165,7 @@ class MemoryTier:
             self._invalidate(k)
         with self.replicator.paused() if self.replicator is not None else contextlib.nullcontext():
             staged = stage(tensors, total, None if device_staged else view, specs)
-        snap = Snapshot(step, k, view, specs, total, structure_meta)
+        snap = Snapshot(step, k, view, specs, total, structure_meta, memo=slot.memo)
         staged_at = time.monotonic()
         device = staged if device_staged else None
         if device is not None:

@@ -9,6 +9,7 @@ import logging
 import mmap
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,6 +29,9 @@ class Slot:
         self._view: torch.Tensor | None = None
         self._size = -1
         self._pinned = False
+        #: What a user of the mapping derived from it and keeps between snapshots (the sharded save's
+        #: DTensor wrappers of its views, `sharded.Saver`): dropped with the mapping, never outliving it.
+        self.memo: dict[str, Any] = {}
 
     def manifest(self) -> fmt.Manifest | None:
         try:
@@ -109,6 +113,7 @@ class Slot:
         self.close()
 
     def close(self) -> None:
+        self.memo.clear()  # before the unmap: views of it would keep it mapped
         if self._pinned and self._view is not None:
             torch.cuda.cudart().cudaHostUnregister(self._view.data_ptr())
         self._pinned = False

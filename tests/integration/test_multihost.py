@@ -6,7 +6,8 @@ resumes from its snapshot and ends with the same weights as a fault-free run.
 
 The memory tier's replication (test_node_lost_restores_from_the_buddys_memory): each node's
 snapshots are copied into the other node's memory; a node lost with its memory comes back and
-restores from that copy, not from the disk.
+restores from that copy, not from the disk; with FSDP2 (examples/train_fsdp.py) each rank's copy
+holds its shards, and the lost node's rank fetches those back.
 
 Needs root, iproute2 (`ip netns`) and util-linux `unshare`; skipped with the reason otherwise. CI
 runs as root.
@@ -122,14 +123,24 @@ def _run_until(nodes: list[str], procs: list[subprocess.Popen[str]], run_dir: Pa
         raise AssertionError(f"{err}\n" + "\n".join(tails)) from None
 
 
-def memory_job(tmp_path: Path, name: str, memory_every: int) -> list[str]:
-    """train_ckpt.py with the memory tier every `memory_every` steps and the disk every 50 (never, in 40 steps)."""
+#: The memory-tier jobs (`memory_job`): script, its arguments, extra profile keys, its last step, the step to lose
+#: a node at. train_fsdp.py: 128 samples, batch 8, 2 ranks, 3 epochs; its loader resumes mid-epoch (data position).
+MEMORY_JOBS = {
+    "plain": ("train_ckpt.py", ("--steps", "40", "--step-time", "0.05"), (), 40, 15),
+    "fsdp2": ("train_fsdp.py", ("--step-time", "0.1"), ("checkpoint.data_position=true",), 24, 10),
+}
+
+
+def memory_job(tmp_path: Path, name: str, memory_every: int, kind: str = "plain") -> list[str]:
+    """A `MEMORY_JOBS` script with the memory tier every `memory_every` steps and the disk every 50 (never, in
+    its steps)."""
+    script, script_args, sets, _, _ = MEMORY_JOBS[kind]
     args = ["-p", str(LOCAL_PROFILE), "--set", f'launch.run_dir="{tmp_path}/{name}"']
     for item in (f'checkpoint.dir="{tmp_path}/{name}-ckpt"', "checkpoint.interval_steps=50",
-                 f"checkpoint.memory_every={memory_every}", "heartbeat.timeout=4s", "heartbeat.check_interval=1s"):
+                 f"checkpoint.memory_every={memory_every}", "heartbeat.timeout=4s", "heartbeat.check_interval=1s",
+                 *sets):
         args += ["--set", item]
-    return [*args, str(EXAMPLES / "train_ckpt.py"), "--steps", "40", "--step-time", "0.05",
-            "--out", str(tmp_path / f"{name}.pt")]
+    return [*args, str(EXAMPLES / script), *script_args, "--out", str(tmp_path / f"{name}.pt")]
 
 
 def _freeze_with_the_replica_caught_up(nodes: list[str], run_dir: Path, tries: int = 100) -> None:
@@ -154,18 +165,20 @@ def _freeze_with_the_replica_caught_up(nodes: list[str], run_dir: Path, tries: i
     raise AssertionError(f"node b's replica never caught up with node a's snapshots in {tries} looks")
 
 
-def test_node_lost_restores_from_the_buddys_memory(nodes: list[str], tmp_path: Path) -> None:
-    """memory_every = 1, disk every 50 steps: node b is lost at step ~15 with every process and its
-    /dev/shm, and comes back empty. Node b's rank restores from node a's copy of its snapshot (tier buddy),
-    node a's from its own memory, both the same step, at most one step back; the job ends bitwise
-    equal to a fault-free run."""
-    ref = start(["--nproc-per-node", "2", *memory_job(tmp_path, "ref", 0)], cwd=tmp_path)
+@pytest.mark.parametrize("kind", list(MEMORY_JOBS))
+def test_node_lost_restores_from_the_buddys_memory(nodes: list[str], tmp_path: Path, kind: str) -> None:
+    """memory_every = 1, disk every 50 steps: node b is lost at step ~15 (FSDP2: ~10) with every process
+    and its /dev/shm, and comes back empty. Node b's rank restores from node a's copy of its snapshot (tier
+    buddy; FSDP2: its shards of the model and AdamW), node a's from its own memory, both the same step, at
+    most one step back; the job ends bitwise equal to a fault-free run."""
+    _, _, _, last, lose_at = MEMORY_JOBS[kind]
+    ref = start(["--nproc-per-node", "2", *memory_job(tmp_path, "ref", 0, kind)], cwd=tmp_path)
     code, out = finish(ref)
     assert code == 0, out[-3000:]
-    job = memory_job(tmp_path, "lost", 1)
+    job = memory_job(tmp_path, "lost", 1, kind)
     procs = [start_node(nodes[0], 0, tmp_path, job), start_node(nodes[1], 1, tmp_path, job)]
     run_dir = tmp_path / "lost"
-    _run_until(nodes, procs, run_dir, 15)
+    _run_until(nodes, procs, run_dir, lose_at)
     _freeze_with_the_replica_caught_up(nodes, run_dir)
     lose_namespace(nodes[1])
     signal_namespace(nodes[0], signal.SIGCONT)
@@ -183,8 +196,8 @@ def test_node_lost_restores_from_the_buddys_memory(nodes: list[str], tmp_path: P
     (recovery,) = analyze(ev).recoveries
     assert "buddy" in (recovery.tier or "").split("+"), recovery
     assert recovery.rollback_steps is not None and recovery.rollback_steps <= 1, recovery
-    assert not list((tmp_path / "lost-ckpt").glob("step-*")) or all(
-        int(p.name.split("-")[1]) == 40 for p in (tmp_path / "lost-ckpt").glob("step-*")), "no disk checkpoint before 40"
+    assert all(int(p.name.split("-")[1]) == last for p in (tmp_path / "lost-ckpt").glob("step-*")), \
+        f"no disk checkpoint before {last}"
     report = subprocess.run([sys.executable, "-m", "resctl", "report", str(run_dir)], capture_output=True, text=True)
     assert "(buddy" in report.stdout + report.stderr, report.stdout[-3000:]
     assert_same_final(tmp_path / "lost.pt", tmp_path / "ref.pt")

@@ -22,6 +22,7 @@ from hypothesis.strategies import binary as st_bytes
 from resctl.checkpoint import crc, memdir
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint.engine import Checkpointer
+from resctl.checkpoint.shmslot import Slot
 from resctl.telemetry.events import EventLog, read_events
 from tests.unit.test_checkpoint import _assert_same, _fresh, _training
 
@@ -170,6 +171,21 @@ def test_a_state_that_grows_keeps_the_older_snapshot_whole_until_its_slot_is_reu
     assert _ckpt(tmp_path).load(back) == 1 and torch.all(back["w"] == 1.0)
 
 
+def test_what_was_derived_from_a_slots_mapping_goes_with_the_mapping(tmp_path: Path) -> None:
+    """A slot's memo (the sharded save's DTensor wrappers of its views) is kept while the slot stays
+    mapped as it is, and dropped when it is remapped for another size or detached: nothing built over
+    an old mapping is ever used over the new one, or keeps the old one mapped."""
+    slot = Slot(tmp_path / "slot-0")
+    view = slot.buffer(64)
+    slot.memo["views"] = view[:8]
+    assert slot.buffer(64) is view and "views" in slot.memo  # the same mapping: kept
+    slot.buffer(128)
+    assert slot.memo == {}
+    slot.memo["views"] = slot.buffer(128)[:8]
+    slot.detach()
+    assert slot.memo == {}
+
+
 def test_release_removes_the_rank_and_the_empty_job_directory(tmp_path: Path, shm: Path) -> None:
     c = _ckpt(tmp_path)
     _train_and_snapshot(c, range(1, 3))
@@ -185,6 +201,7 @@ def test_release_removes_the_rank_and_the_empty_job_directory(tmp_path: Path, sh
 CHILD = textwrap.dedent("""
     import sys, torch
     from resctl.checkpoint.engine import Checkpointer
+from resctl.checkpoint.shmslot import Slot
     c = Checkpointer(dir=sys.argv[1], interval_steps=10**9, memory_every=1, run_id="run-a", async_=False)
     # Every element of every tensor holds the step: a torn snapshot mixes two steps.
     state = {"a": torch.zeros(3 << 20), "b": torch.zeros(1 << 20, dtype=torch.float64)}
@@ -236,6 +253,7 @@ def test_kill_9_during_12_memory_snapshots_never_restores_a_torn_one(tmp_path: P
 CHILD_FULL = textwrap.dedent("""
     import resource, signal, sys, torch
     from resctl.checkpoint.engine import Checkpointer
+from resctl.checkpoint.shmslot import Slot
     from resctl.telemetry.events import EventLog
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # no file over 1 MiB: a full /dev/shm

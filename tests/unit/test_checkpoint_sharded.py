@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -154,19 +155,24 @@ FSDP_WORKER = textwrap.dedent(
     events = EventLog(root + "-events-" + phase, rank=rank)
     disk = len(sys.argv) > 3  # disk checkpoints at the snapshots' steps (written from them), loaded without memory
     every = (3 if phase == "train" else 0, 3) if disk else (3, 100)
+    last = 13 if disk else 7  # disk: 4 saves from the 2 slots, the last two from wrappers kept in the slots
     ck = Checkpointer(dir=root, memory_every=every[0], interval_steps=every[1], run_id="run-fsdp", events=events)
     state = {"model": model, "optim": opt}
-    if phase == "train":  # steps 1..7: snapshots at 3 and 6 in memory, no disk checkpoint
-        for i in range(1, 8):
+    if phase == "train":  # steps 1..last: snapshots every 3 in memory (and on disk, from them)
+        from resctl.checkpoint import sharded
+        wrap, built = sharded._wrap, []
+        sharded._wrap = lambda *a: built.append(1) or wrap(*a)
+        for i in range(1, last + 1):
             step(i)
             ck.maybe_save(state, i)
         ck.wait()
-        torch.save({k: v.full_tensor() for k, v in model.state_dict().items()}, root + f"-at7-rank{rank}.pt")
+        assert len(built) == (2 if disk else 0), len(built)  # DTensor wrappers of a slot's views: once a slot
+        torch.save({k: v.full_tensor() for k, v in model.state_dict().items()}, root + f"-at{last}-rank{rank}.pt")
         os._exit(0)  # as a kill would: the snapshots stay in shared memory
     resumed = ck.load(state)
-    assert resumed == 6, resumed
-    step(7)  # the step after 6 again, from memory: bitwise the first run's step 7
-    want = torch.load(root + f"-at7-rank{rank}.pt")
+    assert resumed == last - 1, resumed
+    step(last)  # the step after the snapshot again: bitwise the first run's
+    want = torch.load(root + f"-at{last}-rank{rank}.pt")
     got = {k: v.full_tensor() for k, v in model.state_dict().items()}
     assert all(torch.equal(want[k], got[k]) for k in want), [k for k in want if not torch.equal(want[k], got[k])]
     import json
@@ -198,7 +204,9 @@ def test_fsdp2_shards_snapshot_into_the_memory_tier_and_restore_bitwise(tmp_path
 
 def test_fsdp2_disk_checkpoints_written_from_memory_snapshots_load_bitwise(tmp_path: Path) -> None:
     """A sharded disk save at a memory snapshot's step writes the snapshot's bytes (no second copy of the
-    shards): loaded from disk alone by new processes, step 7 is bitwise the first run's."""
+    shards), through DTensor wrappers of the slot's views built once a slot (the saves at 9 and 12 reuse
+    those of 3 and 6, over the new bytes): loaded from disk alone by new processes, step 13 is bitwise the
+    first run's."""
     pytest.importorskip("numpy", reason="torch.distributed.checkpoint needs numpy for object collectives")
     shm = tmp_path / "shm"
     shm.mkdir()
@@ -206,5 +214,125 @@ def test_fsdp2_disk_checkpoints_written_from_memory_snapshots_load_bitwise(tmp_p
     script.write_text(FSDP_WORKER)
     root = tmp_path / "ck"
     _run(script, root, "train", "disk", RESCTL_SHM_DIR=str(shm))
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-000000003", "step-000000006"]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-000000009", "step-000000012"]
     _run(script, root, "resume", "disk", RESCTL_SHM_DIR=str(tmp_path / "empty-shm"))
+
+
+# --- a lost node: its rank's shards come back from the buddy node's copy ----------------------------
+
+FSDP_BUDDY_WORKER = textwrap.dedent(
+    """
+    import os, sys, time, warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from resctl.checkpoint import replica
+    from resctl.checkpoint.engine import Checkpointer
+    from resctl.telemetry.events import EventLog
+
+    tmp, phase = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.Linear(10, 3))  # uneven shards: 5+5 rows, 2+1 rows
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    state = {"model": model, "optim": opt}
+
+    def step(i):
+        g = torch.Generator().manual_seed(i * 10 + rank)
+        opt.zero_grad()
+        model(torch.randn(4, 6, generator=g)).square().mean().backward()
+        opt.step()
+
+    def mine():  # this rank's shards of the model and of AdamW's state, and the step counts
+        local = lambda v: v.to_local().clone() if hasattr(v, "to_local") else v.clone()
+        return {"model": {k: local(v) for k, v in model.state_dict().items()},
+                "optim": {pid: {k: local(v) for k, v in s.items()} for pid, s in opt.state_dict()["state"].items()}}
+
+    ck = Checkpointer(dir=tmp + "/ck", interval_steps=10**6, memory_every=2, memory_replicate=True, run_id="run-r",
+                      events=EventLog(tmp + "/ev-" + phase, rank=rank))
+    if phase == "train":  # steps 1..5: snapshots of 2 and 4 in memory and at the buddy, no disk checkpoint
+        assert ck.load(state) == 0
+        for i in range(1, 6):
+            step(i)
+            ck.maybe_save(state, i)
+            if i % 2 == 0:
+                ck.wait()
+                rep = ck.memory_tier().replicator
+                for _ in range(400):  # the copy reaches the buddy before the next snapshot
+                    if i in {p.step for p in replica.listing(rep.addr, rep.key, rank)}:
+                        break
+                    time.sleep(0.025)
+                else:
+                    raise SystemExit(f"step {i} never reached the buddy")
+            if i == 4:
+                torch.save(mine(), f"{tmp}/at4-rank{rank}.pt")
+        torch.save({k: v.full_tensor() for k, v in model.state_dict().items()}, f"{tmp}/at5.pt")
+        os._exit(0)  # as a kill would: the snapshots stay where they are
+    g = torch.Generator().manual_seed(rank + 7)  # the new process's model starts elsewhere
+    for p in model.parameters():
+        p.data.to_local().copy_(torch.randn(p.data.to_local().shape, generator=g))
+    resumed = ck.load(state)
+    assert resumed == 4, resumed
+    want, got = torch.load(f"{tmp}/at4-rank{rank}.pt"), mine()
+    assert want["model"].keys() == got["model"].keys() and want["optim"].keys() == got["optim"].keys()
+    assert all(torch.equal(want["model"][k], got["model"][k]) for k in want["model"]), "model shards differ"
+    assert all(want["optim"][p].keys() == got["optim"][p].keys() and
+               all(torch.equal(want["optim"][p][k], got["optim"][p][k]) for k in want["optim"][p])
+               for p in want["optim"]), "AdamW state differs"
+    assert all(isinstance(v, torch.Tensor) and hasattr(v, "to_local") for s in opt.state.values()
+               for k, v in s.items() if k != "step"), "AdamW's moments are not DTensors like their parameters"
+    step(5)  # the step after 4 again: bitwise the fault-free run's step 5
+    at5 = torch.load(f"{tmp}/at5.pt")
+    now = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    assert all(torch.equal(at5[k], now[k]) for k in at5), [k for k in at5 if not torch.equal(at5[k], now[k])]
+    dist.barrier()
+    print("ok", rank, phase, flush=True)
+    os._exit(0)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.nvrx_independent  # no launcher: two processes, the memory tier and the replica wire
+def test_fsdp2_rank_of_a_lost_node_restores_its_shards_from_the_buddys_copy(tmp_path: Path) -> None:
+    """Two "nodes" of one rank each, FSDP2 + AdamW sharded across them, snapshots replicated to the
+    buddy. Node 1 is lost: its shared memory (its rank's snapshots and the copies it kept of node 0)
+    is gone and a new replica server starts there empty. The new processes agree on step 4: rank 0
+    from its own memory, rank 1 from node 0's copy of its shards (tier "buddy"), each rank's model and
+    AdamW shards bitwise as they were at step 4, and step 5 again bitwise the fault-free run's."""
+    pytest.importorskip("numpy", reason="torch.distributed.checkpoint needs numpy for object collectives")
+    from resctl.checkpoint import replica
+    from resctl.telemetry.events import read_events
+    from tests.unit.test_checkpoint_replica import KEY, _addr, _run_ranks
+
+    roots = [tmp_path / "shm-0", tmp_path / "shm-1"]
+    for r in roots:
+        r.mkdir()
+    servers = [replica.ReplicaServer(KEY, 0, host="127.0.0.1", root=r) for r in roots]
+    try:
+        script = tmp_path / "worker.py"
+        script.write_text(FSDP_BUDDY_WORKER)
+        _run_ranks(script, tmp_path, "train", servers, roots)
+        assert sorted(p.step for p in replica.listing(_addr(servers[0]), KEY, 1)) == [2, 4]
+        assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("step-*"))  # memory only
+        servers[1].close()  # node 1 lost: its server, its own snapshots and the copies it kept
+        shutil.rmtree(roots[1])
+        roots[1] = tmp_path / "shm-1-new"  # the node that takes its place
+        roots[1].mkdir()
+        servers[1] = replica.ReplicaServer(KEY, 0, host="127.0.0.1", root=roots[1])
+        outs = _run_ranks(script, tmp_path, "resume", servers, roots)
+    finally:
+        for s in servers:
+            s.close()
+    assert all(f"ok {r} resume" in out for r, out in enumerate(outs)), outs
+    loads = {e["rank"]: e for e in read_events(tmp_path / "ev-resume") if e["kind"] == "ckpt_load"}
+    assert (loads[0]["tier"], loads[1]["tier"]) == ("memory", "buddy"), loads
+    assert loads[0]["step"] == loads[1]["step"] == 4, loads
