@@ -165,7 +165,10 @@ def _freeze_with_the_replica_caught_up(nodes: list[str], run_dir: Path, tries: i
     raise AssertionError(f"node b's replica never caught up with node a's snapshots in {tries} looks")
 
 
-@pytest.mark.parametrize("kind", list(MEMORY_JOBS))
+# fsdp2's subject is the sharded memory tier (resctl's own code, the same on every NVRx: CI's 0.7.0 pass leaves it
+# out); the node loss and the buddy fetch it goes through run on both versions in the plain case.
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=[pytest.mark.nvrx_independent] if k == "fsdp2" else [])
+                                  for k in MEMORY_JOBS])
 def test_node_lost_restores_from_the_buddys_memory(nodes: list[str], tmp_path: Path, kind: str) -> None:
     """memory_every = 1, disk every 50 steps: node b is lost at step ~15 (FSDP2: ~10) with every process
     and its /dev/shm, and comes back empty. Node b's rank restores from node a's copy of its snapshot (tier
