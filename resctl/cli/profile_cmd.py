@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from resctl.cli.render import info, out_console
+from resctl.redact import redact_env, redact_rdzv_conf, redact_text
 
 app = typer.Typer(help="Inspect, create and check resctl profiles.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -30,7 +31,6 @@ def show(
     from resctl.profile.load import resolve
     from resctl.profile.render import show_value
     from resctl.profile.schema import keys
-    from resctl.redact import redact_env, redact_rdzv_conf, redact_text
 
     resolved = resolve(profile, sets=set_ or [])
     info(resolved.loaded())

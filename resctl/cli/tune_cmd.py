@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resctl.cli.report_cmd import load_analysis
+from resctl.profile.units import parse_duration
+
 if TYPE_CHECKING:  # the CLI imports its library lazily (`--help` stays fast)
     from resctl.telemetry.goodput import RunAnalysis
     from resctl.tuning.advise import Advice
@@ -42,7 +45,6 @@ Opt = typer.Option
 
 def _duration(name: str, value: str | None) -> float | None:
     from resctl.errors import UsageError
-    from resctl.profile.units import parse_duration
 
     if value is None:
         return None
@@ -186,8 +188,6 @@ def _toml(values: dict[str, int], two: TwoTierPlan | None, why_not: str | None) 
 
 
 def _load_run(path: Path) -> RunAnalysis:
-    from resctl.cli.report_cmd import load_analysis
-
     return load_analysis(path)
 
 
