@@ -106,22 +106,6 @@ ALLOWED: frozenset[str] = frozenset({
     "resctl/profile/schema.py:98",
     "resctl/profile/schema.py:99",
     "resctl/profile/schema.py:158",
-    "resctl/shim/agent_store.py:37",
-    "resctl/shim/ending.py:91",
-    "resctl/shim/forked.py:75",
-    "resctl/shim/forked.py:116",
-    "resctl/shim/forked.py:126",
-    "resctl/shim/forked.py:192",
-    "resctl/shim/forked.py:193",
-    "resctl/shim/inprocess.py:281",
-    "resctl/shim/inprocess.py:319",
-    "resctl/shim/runtime.py:489",
-    "resctl/shim/runtime.py:540",
-    "resctl/shim/runtime.py:547",
-    "resctl/shim/runtime.py:622",
-    "resctl/shim/runtime.py:623",
-    "resctl/shim/runtime.py:624",
-    "resctl/shim/target.py:50",
 })
 
 COMMENT = re.compile(r"#\s*deferred:\s*(?P<reason>.*\S)")
