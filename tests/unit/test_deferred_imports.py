@@ -93,20 +93,7 @@ IMPLIES: dict[str, frozenset[str]] = {
 
 #: Deferred imports that do not follow the rule yet, as "path:line" strings. A test fails when one of
 #: them is fixed, so the entry is removed with the fix: the list only shrinks.
-ALLOWED: frozenset[str] = frozenset({
-    "resctl/doctor/dns.py:50",
-    "resctl/doctor/result.py:120",
-    "resctl/health/gate.py:164",
-    "resctl/health/placement.py:72",
-    "resctl/health/preflight.py:184",
-    "resctl/health/preflight.py:339",
-    "resctl/health/preflight.py:340",
-    "resctl/health/preflight.py:381",
-    "resctl/profile/load.py:149",
-    "resctl/profile/schema.py:98",
-    "resctl/profile/schema.py:99",
-    "resctl/profile/schema.py:158",
-})
+ALLOWED: frozenset[str] = frozenset()
 
 COMMENT = re.compile(r"#\s*deferred:\s*(?P<reason>.*\S)")
 NOT_A_REASON = re.compile(r"circ|cycl|loop of imports", re.IGNORECASE)
