@@ -12,6 +12,7 @@ from rich.text import Text
 
 from resctl.cli.render import err_console
 from resctl.errors import EXIT_EXCLUDED, EXIT_FAILURE
+from resctl.health import cluster
 from resctl.health.preflight import Verdict
 from resctl.launch.rdzv_rounds import IMPL_ENV
 
@@ -45,7 +46,6 @@ def preflight(resolved: Any, rdzv: Any, run_dir: Any = None,
               show: Any = lambda rank, verdict: None) -> tuple[int | None, Verdict]:
     """Run this node's part and `show` the verdict; with health.keep_out, the host node then keeps the bad nodes
     out (said on stderr). Shown first: under Slurm a requeue may end this process before it returns."""
-    from resctl.health import cluster
     from resctl.launch.preflight_config import config_for
 
     cfg = config_for(resolved.profile, rdzv)

@@ -11,6 +11,7 @@ import typer
 
 from resctl.cli import torchrun_flags
 from resctl.cli.doctor_cmd import preflight_check
+from resctl.cli.render import info
 from resctl.errors import UsageError
 from resctl.profile import contract
 
@@ -37,7 +38,6 @@ def run(
 
     The workers run under NVRx ft_launcher, with resctl's profile and shim.
     """
-    from resctl.cli.render import info
     from resctl.launch import execute
     from resctl.launch.plan import Target
     from resctl.profile.load import Layer

@@ -21,13 +21,17 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from resctl.checkpoint import memdir, replica
 from resctl.errors import LaunchError, UsageError
+from resctl.health.watch import Watch
 from resctl.launch import leftovers, lifeline, rendezvous, stop
+from resctl.launch.owned_rdzv import mark_launcher_gone
 from resctl.launch.plan import LAUNCHER_ENTRY, PLAN_FILE, LaunchPlan, Target, plan, restart_policy
 from resctl.launch.rdzv_rounds import IMPL_ENV
 from resctl.profile import contract
 from resctl.profile.load import Layer, Resolved, resolve
 from resctl.profile.nvrx_versions import series_for
+from resctl.telemetry.metrics import serve
 from resctl.telemetry.summary import failure_summary
 
 if TYPE_CHECKING:
@@ -132,8 +136,6 @@ def write_files(launch_plan: LaunchPlan) -> None:
 
 def serve_metrics(launch_plan: LaunchPlan) -> str:
     """Start the metrics endpoint; returns HOST:PORT it really listens on (port 0 becomes the bound port)."""
-    from resctl.telemetry.metrics import serve
-
     assert launch_plan.metrics_port is not None
     plan_data = json.loads(launch_plan.files[launch_plan.run_dir / PLAN_FILE])
     try:
@@ -156,8 +158,6 @@ def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callab
     `launch`: this launch's memory-tree suffix (`memdir.new_launch`)."""
     if launch_plan.replica_port is None:
         return None
-    from resctl.checkpoint import memdir, replica
-
     key = memdir.job_key(launch_plan.run_id, "")
     try:
         server = replica.ReplicaServer(key, launch_plan.replica_port, launch=launch)
@@ -250,8 +250,6 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     on_event(f"resctl: run {launch_plan.run_id} -> {launch_plan.run_dir}")
     if launch_plan.metrics_port is not None:
         on_event(f"resctl: metrics on http://{serve_metrics(launch_plan)}/metrics")
-    from resctl.checkpoint import memdir
-
     # This launch's own memory-tier tree: another job with the same run id on this node has its own.
     launch = memdir.new_launch()
     memdir.sweep_dead_launches(launch_plan.run_id)
@@ -320,8 +318,6 @@ def _after_launcher(launch_plan: LaunchPlan, pid: int, code: int) -> None:
         leftovers.remove_for(pid)
 
     if launch_plan.env.get(IMPL_ENV) == "resctl":
-        from resctl.launch.owned_rdzv import mark_launcher_gone
-
         mark_launcher_gone(launch_plan.run_dir, pid, launch_plan.rendezvous.endpoint, launch_plan.run_id, code < 0)
 
 
@@ -329,8 +325,6 @@ def _watch(launch_plan: LaunchPlan, launcher_pid: int, on_event: Callable[[str],
     """The straggler watch over this run's events (resctl.health.watch), when the profile asks for one."""
     if launch_plan.health is None:
         return None
-    from resctl.health.watch import Watch
-
     watch = Watch(launch_plan.run_dir, launch_plan.health, on_event)
     if not watch.needed:
         return None

@@ -99,39 +99,7 @@ IMPLIES: dict[str, frozenset[str]] = {
 
 #: Deferred imports that do not follow the rule yet, as "path:line" strings. A test fails when one of
 #: them is fixed, so the entry is removed with the fix: the list only shrinks.
-ALLOWED: frozenset[str] = frozenset({
-    "resctl/cli/doctor_cluster.py:48",
-    "resctl/cli/doctor_cmd.py:44",
-    "resctl/cli/doctor_cmd.py:46",
-    "resctl/cli/doctor_cmd.py:76",
-    "resctl/cli/doctor_cmd.py:78",
-    "resctl/cli/doctor_cmd.py:129",
-    "resctl/cli/profile_cmd.py:63",
-    "resctl/cli/profile_cmd.py:79",
-    "resctl/cli/report_cmd.py:23",
-    "resctl/cli/report_cmd.py:56",
-    "resctl/cli/report_cmd.py:72",
-    "resctl/cli/report_cmd.py:73",
-    "resctl/cli/report_cmd.py:101",
-    "resctl/cli/run_cmd.py:40",
-    "resctl/cli/store_cmd.py:32",
-    "resctl/cli/tune_cmd.py:47",
-    "resctl/cli/tune_cmd.py:58",
-    "resctl/cli/tune_cmd.py:71",
-    "resctl/cli/tune_cmd.py:111",
-    "resctl/cli/tune_cmd.py:148",
-    "resctl/cli/tune_cmd.py:149",
-    "resctl/cli/tune_cmd.py:209",
-    "resctl/cli/tune_cmd.py:249",
-    "resctl/cli/tune_cmd.py:282",
-    "resctl/doctor/__init__.py:67",
-    "resctl/doctor/gpu.py:195",
-    "resctl/doctor/nvlink.py:60",
-    "resctl/launch/execute.py:135",
-    "resctl/launch/execute.py:159",
-    "resctl/launch/execute.py:253",
-    "resctl/launch/execute.py:332",
-})
+ALLOWED: frozenset[str] = frozenset()
 
 COMMENT = re.compile(r"#\s*deferred:\s*(?P<reason>.*\S)")
 NOT_A_REASON = re.compile(r"circ|cycl|loop of imports", re.IGNORECASE)
