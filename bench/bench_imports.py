@@ -1,6 +1,6 @@
 """What an import costs, for the deferred-import rule (issue 44, tests/unit/test_deferred_imports.py's HEAVY).
 
-`modules`: for each `[AFTER:]MODULE`, in a fresh interpreter, -X importtime's cumulative time of MODULE and the
+`modules`: for each `[AFTER:]MODULE`, in a fresh interpreter (resctl from PYTHONPATH), -X importtime's cumulative time of MODULE and the
 CPU time (time.process_time) around `import MODULE`, after `import AFTER` when given (a submodule's cost on
 top of its package); the median of --repeats runs. On a loaded machine the wall time -X importtime reports
 grows with the load, the CPU time much less: the rule's threshold is on the CPU time.
@@ -36,7 +36,8 @@ def module_cost(spec: str) -> tuple[float, float]:
     after, _, module = spec.rpartition(":")
     code = ("import sys, time\n" + (f"import {after}\n" if after else "") + "sys.stderr.write('MARK\\n')\n"
             f"c = time.process_time()\nimport {module}\nsys.stderr.write(f'CPU {{time.process_time() - c}}\\n')\n")
-    run = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True)
+    run = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True,
+                         cwd="/")  # -c puts the working directory first on sys.path: PYTHONPATH picks the tree
     tail = run.stderr.split("MARK\n")[-1]
     cpu = float(tail.split("CPU ")[-1]) * 1000
     for line in reversed(tail.splitlines()):
