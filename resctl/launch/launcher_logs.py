@@ -195,7 +195,7 @@ def _torch_logs_to(log: Any) -> None:
     """torch gives its top loggers ("torch", "torch.distributed") a console handler of their own and no
     propagation; NVRx >= 0.6 runs torch's elastic agent, whose worker failures log there: into the log
     file instead, and through the restart lines' handler."""
-    import torch  # noqa: F401 - its logging set-up happens at import (the launcher imports it anyway)
+    import torch  # noqa: F401  # deferred: at the top, torch would load before ft_entry.main()'s first steps
 
     for name in ("torch", "torch.distributed"):
         logger = logging.getLogger(name)
