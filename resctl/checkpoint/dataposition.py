@@ -46,6 +46,7 @@ import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, Sampler
 
 from resctl.checkpoint.dataorder import batched, global_order, random_order, resplit, skip_into
@@ -216,8 +217,6 @@ def install(events: EventLog | None = None) -> Patches:
 
     _PATCHES.set(DataLoader, "__iter__", __iter__)
     _PATCHES.set(DataLoader, "_index_sampler", property(index_sampler))
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     _PATCHES.on_undo(register_optimizer_step_post_hook(Steps.hook).remove)
     return _PATCHES
 

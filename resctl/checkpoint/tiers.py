@@ -15,18 +15,16 @@ import os
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, MutableMapping
+from typing import Any, Callable, Literal, MutableMapping
 
 import torch
 
 from resctl import slots
 from resctl.checkpoint import agree, collectives, memdir, replica
 from resctl.checkpoint import state as st
+from resctl.checkpoint.memory import MemoryTier, Snapshot, Verified
 from resctl.checkpoint.staging import Staging
 from resctl.telemetry.events import EventLog
-
-if TYPE_CHECKING:
-    from resctl.checkpoint.memory import MemoryTier, Snapshot, Verified
 
 log = logging.getLogger("resctl.checkpoint")
 
@@ -45,8 +43,6 @@ class MemoryTiers:
         self._rank = rank
         self._world_size = world_size
         self._staging = staging
-        if every:
-            import resctl.checkpoint.memory  # noqa: F401 - imported now, not inside a restart's load
         self._memory: MemoryTier | None = None
         #: Why this process stopped taking memory snapshots (a failed one), or None.
         self.off: str | None = None
@@ -73,8 +69,6 @@ class MemoryTiers:
             tier.close()
             tier = self._memory = None
         if tier is None:
-            from resctl.checkpoint.memory import MemoryTier
-
             tier = self._memory = MemoryTier(memdir.job_key(self.run_id, self.root), self._rank(), run_id=self.run_id,
                                              events=self.events)
         return tier

@@ -15,9 +15,13 @@ from typing import Any
 
 import typer
 import typer.core
+import typer.main
 
 from resctl import __version__
 from resctl.cli import doctor_cmd, profile_cmd, report_cmd, run_cmd, store_cmd, tune_cmd
+from resctl.cli.render import error
+from resctl.cli.torchrun_flags import BY_DEST, help_text
+from resctl.errors import EXIT_FAILURE, EXIT_USAGE, ResctlError
 from resctl.profile import contract
 
 app = typer.Typer(
@@ -66,8 +70,6 @@ def command() -> Any:
     `--set KEY=VALUE`), as torchrun's does, instead of Python types (`<list[str]>`). Built once a process
     (typer reads every command's signature and evaluates its annotations: ~45 ms); click makes a new
     context for each invocation, so the command is only read after it is built."""
-    import typer.main
-
     root: Any = typer.main.get_command(app)  # a TyperGroup: it has .commands
 
     def walk(cmd: Any) -> None:
@@ -89,8 +91,6 @@ def command() -> Any:
 def _defaults_in_help(run: Any) -> None:
     """`resctl run --help` states each profile flag's key and default, read from the schema when
     the page is shown: other commands (and `resctl --help`) do not import the schema."""
-    from resctl.cli.torchrun_flags import BY_DEST, help_text
-
     format_help = run.format_help
 
     def with_defaults(ctx: Any, formatter: Any) -> None:
@@ -106,16 +106,12 @@ INTERNAL = "internal error (a bug in resctl):"
 
 
 def main() -> None:
-    from resctl.errors import EXIT_FAILURE, EXIT_USAGE, ResctlError
-
     debug = os.environ.get(contract.DEBUG) == "1"
     try:
         command()(prog_name="resctl")
     except ResctlError as err:
         if debug:
             raise
-        from resctl.cli.render import error
-
         error(str(err))
         sys.exit(err.exit_code if err.exit_code else EXIT_USAGE)
     except KeyboardInterrupt:
@@ -125,8 +121,6 @@ def main() -> None:
     except Exception as err:  # a bug in resctl: say so in one line; the traceback is for RESCTL_DEBUG=1
         if debug:
             raise
-        from resctl.cli.render import error
-
         error(f"{INTERNAL} {type(err).__name__}: {err}. Run again with RESCTL_DEBUG=1 for the traceback, "
               "and report it with the command line used.")
         sys.exit(EXIT_FAILURE)

@@ -10,18 +10,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from resctl.cli import command
+from resctl.cli.torchrun_flags import FLAGS
+
 
 def _hidden() -> frozenset[str]:
     """Spellings accepted but not offered: torchrun's underscore aliases (`--nproc_per_node`)."""
-    from resctl.cli.torchrun_flags import FLAGS
-
     return frozenset(alias for flag in FLAGS for alias in flag.aliases)
 
 
 def _tree() -> dict[str, list[str]]:
     """'' -> top-level words; 'run' / 'profile show' -> that command's options (and subcommands)."""
-    from resctl.cli import command
-
     hidden = _hidden()
     tree: dict[str, list[str]] = {}
 
@@ -42,7 +41,6 @@ def _tree() -> dict[str, list[str]]:
 def values() -> dict[tuple[str, str], list[str]]:
     """(command path, option) -> the words its value may be: the flag table's choices (every
     spelling, aliases too, since a user may type one), the probe names of doctor's --only/--skip."""
-    from resctl.cli.torchrun_flags import FLAGS
     from resctl.doctor.runner import PROBES
 
     out = {("run", name): list(flag.choices) for flag in FLAGS if flag.choices for name in flag.names}

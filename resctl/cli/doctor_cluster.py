@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 from typing import Any
 
+import typer
+from rich.text import Text
+
+from resctl.cli.render import err_console
+from resctl.errors import EXIT_EXCLUDED, EXIT_FAILURE
+from resctl.health import cluster
 from resctl.health.preflight import Verdict
+from resctl.launch.rdzv_rounds import IMPL_ENV
 
 STYLE = {"ok": "green", "slow": "yellow", "broken": "bold red"}
 
@@ -16,7 +25,6 @@ def _num(value: float | None, fmt: str) -> str:
 
 def render(console: Any, verdict: Verdict, rank: int | None) -> None:
     from rich.table import Table
-    from rich.text import Text
 
     if verdict.nodes:
         table = Table("node", "host", "matmul GFLOP/s", "links GB/s (median)", "latency ms (worst)", "status", "why",
@@ -38,8 +46,6 @@ def preflight(resolved: Any, rdzv: Any, run_dir: Any = None,
               show: Any = lambda rank, verdict: None) -> tuple[int | None, Verdict]:
     """Run this node's part and `show` the verdict; with health.keep_out, the host node then keeps the bad nodes
     out (said on stderr). Shown first: under Slurm a requeue may end this process before it returns."""
-    from resctl.cli.render import err_console
-    from resctl.health import cluster
     from resctl.launch.preflight_config import config_for
 
     cfg = config_for(resolved.profile, rdzv)
@@ -53,9 +59,6 @@ def preflight(resolved: Any, rdzv: Any, run_dir: Any = None,
 def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
     """`resctl run` with launch.preflight = "cluster": None to go on (the plan's --nnodes set to the nodes left
     when some were excluded; a node that came to a full job goes on as a spare), else the exit code (1: failed, 94: this node left out)."""
-    from resctl.cli.render import err_console
-    from resctl.errors import EXIT_EXCLUDED, EXIT_FAILURE
-
     try:
         launch_plan.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # for bad-nodes.jsonl
         run_dir = launch_plan.run_dir
@@ -67,7 +70,6 @@ def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
         return EXIT_FAILURE
     if verdict.action == "spare":  # the rendezvous keeps it as a spare once the tested nodes train
         from resctl.launch import spares
-        from resctl.launch.rdzv_rounds import IMPL_ENV
 
         timeout = float(resolved.profile.health.preflight_timeout)
         kind = "resctl" if launch_plan.env.get(IMPL_ENV) == "resctl" else "nvrx"
@@ -96,12 +98,6 @@ def run_preflight(resolved: Any, launch_plan: Any) -> int | None:
 
 def doctor_cluster(resolved: Any, as_json: bool) -> int:
     """`resctl doctor --cluster`: 0 when every node is ok, else 1."""
-    import os
-    import socket
-
-    import typer
-
-    from resctl.cli.render import err_console
     from resctl.launch import rendezvous
 
     rdzv = rendezvous.detect(resolved.profile.launch, os.environ, socket.gethostname())

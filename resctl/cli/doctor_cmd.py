@@ -7,6 +7,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
+
+from resctl.cli.render import err_console
+from resctl.errors import UsageError
 
 EPILOG = (
     "Examples: resctl doctor -p prod.toml  |  resctl doctor --json --strict  |  "
@@ -41,9 +45,7 @@ def doctor(
 
     Probes: gpu, nvlink, efa, storage, shm, memlock, env, dns, clock, memory.
     """
-    from resctl.cli.render import err_console
     from resctl.doctor import make_context, run, select
-    from resctl.errors import UsageError
     from resctl.profile.load import resolve
 
     names = select(_names(only), _names(skip))
@@ -73,9 +75,6 @@ def doctor(
 def preflight_check(resolved: Any) -> bool:
     """`resctl run --preflight`: every probe but --deep on this node; prints the table when a check
     fails and returns False (nothing is launched), else one summary line and True."""
-    from rich.text import Text
-
-    from resctl.cli.render import err_console
     from resctl.doctor import make_context, run, select
 
     explicit = frozenset(k for k in resolved.sources if k.startswith("doctor."))
@@ -126,7 +125,6 @@ def expected_unit(check: Any) -> str:
 
 def _table(console: Any, report: Any, strict: bool) -> None:
     from rich.table import Table
-    from rich.text import Text
 
     e = report.expectations
     title = f"resctl doctor: {report.host}" + (f" ({e['instance_type']}, {e['instance_source']})"

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from resctl.cli.render import info, out_console
+from resctl.errors import ProfileError, UsageError
+from resctl.redact import redact_env, redact_rdzv_conf, redact_text
 
 app = typer.Typer(help="Inspect, create and check resctl profiles.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -30,7 +32,6 @@ def show(
     from resctl.profile.load import resolve
     from resctl.profile.render import show_value
     from resctl.profile.schema import keys
-    from resctl.redact import redact_env, redact_rdzv_conf, redact_text
 
     resolved = resolve(profile, sets=set_ or [])
     info(resolved.loaded())
@@ -60,7 +61,6 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a commented starter profile with every key at its default."""
-    from resctl.errors import UsageError
     from resctl.profile.render import starter_toml
 
     if path.exists() and not force:
@@ -76,7 +76,6 @@ def validate(path: Annotated[Path, typer.Argument(help="Profile file to check.")
     Every rule `resctl run` applies (no environment or flags), and that its grace periods nest;
     exit 2 with every problem.
     """
-    from resctl.errors import ProfileError
     from resctl.launch.execute import nvrx_version
     from resctl.profile import grace
     from resctl.profile.load import resolve

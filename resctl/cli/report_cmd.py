@@ -14,13 +14,16 @@ from typing import Annotated, Any
 
 import typer
 
+from resctl.cli.render import info, out_console
+from resctl.errors import UsageError
+from resctl.profile.contract import health_limits, read_fatal
+
 EPILOG = "Examples: resctl report resctl-runs/abc  |  resctl report resctl-runs/abc --html report.html  |  resctl report DIR --json"
 
 
 def load_analysis(run_dir: Path) -> Any:
     """`RunAnalysis` of a run directory; `UsageError` (exit 2) when it is not one. Damaged lines
     of the events files are skipped and counted (`damaged_lines`)."""
-    from resctl.errors import UsageError
     from resctl.telemetry.events import ReadStats, rank_files, read_run, reference_rank
     from resctl.telemetry.goodput import analyze_stream
 
@@ -53,7 +56,6 @@ def load_analysis(run_dir: Path) -> Any:
 
 
 def _guard(run_dir: Path, plan: Any) -> str:
-    from resctl.profile.contract import health_limits, read_fatal
     from resctl.telemetry.report_rows import crash_loop_guard
 
     limit = health_limits(plan).no_progress_cycles if isinstance(plan, dict) else None
@@ -69,9 +71,6 @@ def report(
 
     Training and infrastructure goodput, per-fault recovery, rollback and checkpoint freshness.
     """
-    from resctl.cli.render import info
-    from resctl.errors import UsageError
-
     analysis = load_analysis(run_dir)
     if html is not None:
         from resctl.telemetry.report_html import render_html
@@ -98,7 +97,6 @@ TIMELINE_ROWS = 60  # rows of the terminal's event table (the rest: --json, --ht
 def _render(a: Any) -> None:
     from rich.table import Table
 
-    from resctl.cli.render import out_console
     from resctl.telemetry import report_rows as rows
 
     head = Table("measure", "value", title="goodput")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from resctl.cli.render import out_console
+from resctl.telemetry.report_rows import RANK_HEAD, rank_rows
+
 
 def render_ranks(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
-    from resctl.cli.render import out_console
-    from resctl.telemetry.report_rows import RANK_HEAD, rank_rows
 
     ranks = rank_rows(rows)
     if ranks is None:

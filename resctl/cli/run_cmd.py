@@ -10,6 +10,9 @@ from typing import Annotated
 import typer
 
 from resctl.cli import torchrun_flags
+from resctl.cli.doctor_cmd import preflight_check
+from resctl.cli.render import info
+from resctl.errors import UsageError
 from resctl.profile import contract
 
 EPILOG = (
@@ -35,8 +38,6 @@ def run(
 
     The workers run under NVRx ft_launcher, with resctl's profile and shim.
     """
-    from resctl.cli.render import info
-    from resctl.errors import UsageError
     from resctl.launch import execute
     from resctl.launch.plan import Target
     from resctl.profile.load import Layer
@@ -57,8 +58,6 @@ def run(
     launch_plan.args[:0] = torchrun_flags.launcher_args(typed)  # ft_launcher takes them as they are
     info(resolved.loaded())
     if preflight and not dry_run:
-        from resctl.cli.doctor_cmd import preflight_check
-
         if not preflight_check(resolved):
             raise typer.Exit(1)
     if dry_run:

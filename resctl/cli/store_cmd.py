@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from resctl.cli.render import info
+
 EPILOG = (
     "Example: resctl store --listen 0.0.0.0:29500   then on every node:   "
     "resctl run --nnodes 2:3 --rdzv-endpoint STORE_HOST:29500 --set launch.store=external train.py"
@@ -29,7 +31,6 @@ def store(
     stops too (exit 95 on every node: docs/recovery.md). Start it before the nodes, on a machine that
     does not train, and keep it running until the job ends.
     """
-    from resctl.cli.render import info
     from resctl.launch import store_server
 
     where = store_server.parse_listen(listen)

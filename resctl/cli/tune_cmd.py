@@ -23,6 +23,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resctl.cli.render import info, out_console
+from resctl.cli.report_cmd import load_analysis
+from resctl.errors import UsageError
+from resctl.profile.units import parse_duration
+
 if TYPE_CHECKING:  # the CLI imports its library lazily (`--help` stays fast)
     from resctl.telemetry.goodput import RunAnalysis
     from resctl.tuning.advise import Advice
@@ -41,9 +46,6 @@ Opt = typer.Option
 
 
 def _duration(name: str, value: str | None) -> float | None:
-    from resctl.errors import UsageError
-    from resctl.profile.units import parse_duration
-
     if value is None:
         return None
     try:
@@ -53,7 +55,6 @@ def _duration(name: str, value: str | None) -> float | None:
 
 
 def _size(name: str, value: str | None) -> float | None:
-    from resctl.errors import UsageError
     from resctl.tuning.inputs import parse_size
 
     if value is None:
@@ -66,8 +67,6 @@ def _size(name: str, value: str | None) -> float | None:
 
 def _fraction(name: str, value: str) -> float:
     """0.01 from `1%` or `0.01`; UsageError unless strictly between 0 and 1."""
-    from resctl.errors import UsageError
-
     text = value.strip()
     try:
         number = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
@@ -106,7 +105,6 @@ def tune_interval(
 
     checkpoint.interval_steps (and memory_every) from measured step, stall, write, snapshot and restart times.
     """
-    from resctl.errors import UsageError
     from resctl.tuning.advise import advise
     from resctl.tuning.inputs import Inputs, MemoryInputs, MissingInput
 
@@ -143,9 +141,6 @@ def tune_interval(
 
 def _show(advice: Advice, as_json: bool, as_toml: bool, from_run: Path | None, write_profile: Path | None) -> None:
     """Write the profile when asked, then render the advice (stdout: data; stderr: talk)."""
-    from resctl.cli.render import info
-    from resctl.errors import UsageError
-
     values, two, mem, rec, why_not = advice.values, advice.two_tier, advice.memory, advice.recommendation, advice.skipped
     wrote = None
     if write_profile is not None:
@@ -186,8 +181,6 @@ def _toml(values: dict[str, int], two: TwoTierPlan | None, why_not: str | None) 
 
 
 def _load_run(path: Path) -> RunAnalysis:
-    from resctl.cli.report_cmd import load_analysis
-
     return load_analysis(path)
 
 
@@ -206,7 +199,6 @@ def _secs(value: float) -> str:
 def _render_inputs(rec: Recommendation, sources: dict[str, str], mem: MemoryAssembled | None = None) -> None:
     from rich.table import Table
 
-    from resctl.cli.render import out_console
 
     c = rec.costs
     inputs = Table("input", "value", "source", title="inputs")
@@ -246,8 +238,6 @@ _DISK_WHY = {
 
 
 def _render_two(two: TwoTierPlan, rec: Recommendation, mem: MemoryAssembled, now: TwoTierPlan | str | None) -> None:
-    from resctl.cli.render import out_console
-
     t = rec.costs.step_time
     words = dict(stall=_secs(mem.memory.stall), commit=_secs(mem.memory.commit), mp=_secs(mem.process_mtbf),
                  mn=_secs(mem.node_mtbf), h=rec.costs.headroom, budget=f"{two.max_overhead:.2%}", n0=two.disk_only_interval)
@@ -279,7 +269,6 @@ def _render_two(two: TwoTierPlan, rec: Recommendation, mem: MemoryAssembled, now
 def _render(rec: Recommendation, sources: dict[str, str]) -> None:
     from rich.table import Table
 
-    from resctl.cli.render import out_console
 
     c = rec.costs
     _render_inputs(rec, sources)

@@ -36,6 +36,7 @@ from resctl.doctor.expectations import resolve as resolve_expectations
 from resctl.doctor.nvml import Nvml
 from resctl.doctor.result import Check, ProbeResult, Report, Status
 from resctl.doctor.runner import PROBES, run, select
+from resctl.launch.plan import inprocess_env
 from resctl.profile.schema import Profile
 
 __all__ = ["Check", "Context", "Expectations", "PROBES", "ProbeResult", "Report", "Status", "make_context", "run",
@@ -64,8 +65,6 @@ def make_context(
             from `cwd` on a live node and from the root of a snapshot.
         explicit: dotted profile keys the user set (see `expectations.resolve`).
     """
-    from resctl.launch.plan import inprocess_env
-
     root = Path(root)
     env = dict(os.environ if env is None else env)
     env.update(profile.launch.env)

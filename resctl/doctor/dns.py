@@ -21,6 +21,7 @@ import time
 from resctl.doctor.context import Context
 from resctl.doctor.result import Check, Status
 from resctl.errors import ResctlError
+from resctl.launch.rendezvous import detect
 
 
 def _resolve(host: str) -> list[str]:
@@ -47,8 +48,6 @@ def _resolve_waiting(host: str, ctx: Context) -> tuple[list[str], float]:
 
 
 def run(ctx: Context) -> list[Check]:
-    from resctl.launch.rendezvous import detect
-
     hostname = socket.gethostname()
     checks = []
     try:

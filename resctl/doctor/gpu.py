@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 
+from resctl.doctor import deep
 from resctl.doctor.context import Context
 from resctl.doctor.nvml import Gpu, NvmlUnavailable
 from resctl.doctor.result import Check, Skip, Status, gb
@@ -192,8 +193,6 @@ def _pcie(gpus: list[Gpu]) -> Check:
 
 
 def _deep(ctx: Context) -> list[Check]:
-    from resctl.doctor import deep
-
     try:
         results = deep.per_gpu(ctx.cancel)
     except deep.Unavailable as err:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 
+from resctl.doctor import deep
 from resctl.doctor.context import Context
 from resctl.doctor.nvml import NvmlUnavailable
 from resctl.doctor.result import Check, Skip, Status
@@ -57,8 +58,6 @@ def run(ctx: Context) -> list[Check]:
 
 
 def _p2p(ctx: Context) -> Check:
-    from resctl.doctor import deep
-
     try:
         pairs = deep.peer_to_peer(ctx.cancel)
     except deep.Unavailable as err:

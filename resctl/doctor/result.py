@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from resctl import __version__
+
 #: A JSON scalar: what `measured` and `expected` may hold.
 Value = int | float | str | bool | None
 
@@ -117,8 +119,6 @@ class Report:
 
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         """The `--json` document (schema "resctl.doctor/1", documented in docs/doctor.md)."""
-        from resctl import __version__
-
         return {
             "schema": SCHEMA,
             "resctl_version": __version__,

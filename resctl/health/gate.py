@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resctl.errors import EXIT_FAILURE, EXIT_NO_PROGRESS
 from resctl.health.progress import NoProgress, ProgressTracker
 from resctl.profile import contract
 from resctl.telemetry.events import parse_line, rank_files
@@ -161,8 +162,6 @@ def before_cycle(agent: Any = None) -> None:
     verdict = gate.before_cycle(_own_ranks(agent))
     if verdict is None:
         return
-    from resctl.errors import EXIT_FAILURE, EXIT_NO_PROGRESS
-
     if isinstance(verdict, BadNodeVerdict):
         said = _keep_out(gate, verdict.message())
         record = {"cause": "bad_node", "error": verdict.message() + (f"; {said}" if said else ""),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import ssl
 import subprocess
 import time
@@ -69,8 +70,6 @@ def scheduler(env: Mapping[str, str], mode: str) -> str | None:
 def node_name(env: Mapping[str, str]) -> str:
     """This node's name for its scheduler: SLURMD_NODENAME (Slurm), NODE_NAME (the kit's downward API), else
     the host name."""
-    import socket
-
     return env.get("SLURMD_NODENAME") or env.get("NODE_NAME") or socket.gethostname()
 
 

@@ -27,13 +27,16 @@ that lives as long as the job.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import statistics
+import struct
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Any
 
 JOIN_GRACE = 3.0  # seconds the host waits for more nodes once launch.nnodes' minimum has joined
@@ -181,8 +184,6 @@ def judge(cfg: Config, members: list[int], results: dict[int, dict[str, Any]], h
 # -- the distributed part -----------------------------------------------------------------------
 
 def _store(cfg: Config) -> Any:
-    from datetime import timedelta
-
     import torch.distributed as dist
 
     return dist.TCPStore(cfg.host, cfg.port, None, cfg.is_host, timedelta(seconds=cfg.timeout + 30),
@@ -336,9 +337,6 @@ def _device_rate(torch: Any, device: Any, cuda: bool) -> float:
 def _gloo_interface(store_host: str) -> str | None:
     """The interface this node reaches the store host through (IPv4; None when unknown). gloo otherwise binds
     to what the hostname resolves to, which in a container or namespace is often loopback."""
-    import fcntl
-    import struct
-
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((store_host, 9))  # no packet: picks the route and so the local address
@@ -378,8 +376,6 @@ def run_node(cfg: Config) -> tuple[int, Verdict]:
     result: dict[str, Any]
     if len(members) >= cfg.nnodes_min:
         try:
-            from datetime import timedelta
-
             if backend == "nccl":
                 torch.cuda.set_device(0)
             dist.init_process_group(backend, store=dist.PrefixStore(PREFIX + "pg", store), rank=members.index(rank),

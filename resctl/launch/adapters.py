@@ -23,10 +23,12 @@ Every private NVRx/torch name used here or in the agent is listed in `resctl.lau
 from __future__ import annotations
 
 import os
+import re
 import signal
 from typing import Any
 
-from resctl.launch import fork_signals, launcher_logs, spares
+from resctl.launch import fork_signals, launcher_logs, rdzv_install, spares
+from resctl.launch.launcher_logs import monitor_to_log
 from resctl.patching import Patches
 
 PATCHES = Patches("launcher")
@@ -34,8 +36,6 @@ PATCHES = Patches("launcher")
 
 def _titled_rank_monitors(patches: Patches) -> None:
     """Rank monitors are forked from the launcher too: name them (`resctl-rank-monitor local=N`)."""
-    import re
-
     from nvidia_resiliency_ext.fault_tolerance.rank_monitor_server import RankMonitorServer
 
     run = RankMonitorServer.run
@@ -50,8 +50,6 @@ def _titled_rank_monitors(patches: Patches) -> None:
         except OSError:
             pass
         _die_with_parent(signal.SIGKILL)  # ... and never outlive it (they hold its stdout open)
-        from resctl.launch.launcher_logs import monitor_to_log
-
         monitor_to_log()  # what it logs is the launcher's log, not the console
         return run(*args, **kwargs)
 
@@ -104,8 +102,6 @@ def _no_abbreviations(patches: Patches) -> None:
 def _owned_rendezvous(patches: Patches) -> None:
     """ft_launcher's `c10d` rendezvous handler is resctl's when the plan asks for it
     (`rdzv_rounds.IMPL_ENV`; the default on every NVRx version): `resctl.launch.rdzv_install`."""
-    from resctl.launch import rdzv_install
-
     rdzv_install.install(patches, agent_methods=False)  # ResctlAgent does NVRx 0.4's two agent methods
 
 

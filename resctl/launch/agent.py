@@ -55,14 +55,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch.distributed as dist
 from nvidia_resiliency_ext.fault_tolerance import launcher as nvrx
 
+from resctl.health.gate import before_cycle
 from resctl.launch import owned_rdzv, rdzv_install, spares, stop
 from resctl.launch.preload import LatePreload
 from resctl.launch.rdzv_rounds import RendezvousView
 from resctl.launch.signal_trace import SignalTrace
 from resctl.patching import Patches
 from resctl.profile import contract
+
+try:  # NVRx 0.4/0.5 start workers through their own copy of torch elastic; 0.6+ through torch's
+    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing import api as elastic_api
+except ImportError:
+    from torch.distributed.elastic.multiprocessing import api as elastic_api  # type: ignore[no-redef]
 
 _ROUND_KEY = "resctl/workers_prefix"
 #: Each agent of the last round adds 1 here once it is done with the store (the store host waits for them).
@@ -190,8 +197,6 @@ class LauncherClock:
 
 def _tcp_store(store: Any) -> Any:
     """The TCPStore under `store` (the rendezvous hands the agent a PrefixStore over it), or None."""
-    import torch.distributed as dist
-
     for _ in range(8):  # PrefixStores nest a few deep at most
         if isinstance(store, dist.TCPStore):
             return store
@@ -451,8 +456,6 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
     def before_start(self, worker_group: Any) -> None:
         """Before a cycle's workers start: the health gate may stop the launcher; a job stop that
         came during the restart goes to the new workers; last cycle's stop marks go."""
-        from resctl.health.gate import before_cycle
-
         before_cycle(self)  # resctl.health.gate: may stop the launcher before this cycle's workers start
         if self.job_stop.signum is not None and self.job_stop.inside_run:
             # The new workers begin the job stop (and its final save) themselves, once their shim
@@ -596,7 +599,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
     def _own_stop_signals(self) -> None:
         """The stop signals torch elastic's handler took when the workers started are the agent's:
         remembered, then handled as torch would (a `SignalException`) unless a restart is under way."""
-        handler = _elastic_api()._terminate_process_handler
+        handler = elastic_api._terminate_process_handler
         for name in _STOP_SIGNALS:
             sig = getattr(signal, name, None)
             if sig is not None and signal.getsignal(sig) is handler:
@@ -610,7 +613,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
             return
         self.job_stop.signum = signum
         if not self.job_stop.restarting:
-            _elastic_api()._terminate_process_handler(signum, frame)  # raises SignalException
+            elastic_api._terminate_process_handler(signum, frame)  # raises SignalException
 
     def _left_on_a_peers_stop(self) -> bool:
         """This launcher's workers all left on another node's job stop (none on a SIGTERM of its own)."""
@@ -655,14 +658,6 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         deadline = time.monotonic() + seconds
         while not (self._peers_done() and not self._spares_reading()) and time.monotonic() < deadline:
             time.sleep(0.05)
-
-
-def _elastic_api() -> Any:
-    try:  # NVRx 0.4/0.5 start workers through their own copy of torch elastic; 0.6+ through torch's
-        from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing import api
-    except ImportError:
-        from torch.distributed.elastic.multiprocessing import api
-    return api
 
 
 def install(patches: Patches) -> Callable[[], ResctlAgent | None]:

@@ -9,20 +9,30 @@ with this process (`resctl.launch.lifeline`), so a SIGKILLed `resctl run` leaves
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from importlib import metadata
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from resctl.checkpoint import memdir, replica
 from resctl.errors import LaunchError, UsageError
-from resctl.launch import lifeline, rendezvous, stop
-from resctl.launch.plan import LAUNCHER_ENTRY, LaunchPlan, Target, plan, restart_policy
+from resctl.health.watch import Watch
+from resctl.launch import leftovers, lifeline, rendezvous, stop
+from resctl.launch.owned_rdzv import mark_launcher_gone
+from resctl.launch.plan import LAUNCHER_ENTRY, PLAN_FILE, LaunchPlan, Target, plan, restart_policy
+from resctl.launch.rdzv_rounds import IMPL_ENV
 from resctl.profile import contract
 from resctl.profile.load import Layer, Resolved, resolve
+from resctl.profile.nvrx_versions import series_for
+from resctl.telemetry.metrics import serve
+from resctl.telemetry.summary import failure_summary
 
 if TYPE_CHECKING:
     from resctl.checkpoint.replica import ReplicaServer
@@ -60,10 +70,6 @@ def inprocess_available(resolved: Resolved, version: str, find: Callable[[str], 
     Raises:
         UsageError: inprocess.enabled = true and the NVRx version cannot give resctl's in-process restart.
     """
-    from importlib.util import find_spec
-
-    from resctl.profile.nvrx_versions import series_for
-
     try:
         found = (find or find_spec)("nvidia_resiliency_ext.inprocess")
     except (ImportError, ValueError):
@@ -130,11 +136,6 @@ def write_files(launch_plan: LaunchPlan) -> None:
 
 def serve_metrics(launch_plan: LaunchPlan) -> str:
     """Start the metrics endpoint; returns HOST:PORT it really listens on (port 0 becomes the bound port)."""
-    import json
-
-    from resctl.launch.plan import PLAN_FILE
-    from resctl.telemetry.metrics import serve
-
     assert launch_plan.metrics_port is not None
     plan_data = json.loads(launch_plan.files[launch_plan.run_dir / PLAN_FILE])
     try:
@@ -157,8 +158,6 @@ def serve_replica(launch_plan: LaunchPlan, env: dict[str, str], on_event: Callab
     `launch`: this launch's memory-tree suffix (`memdir.new_launch`)."""
     if launch_plan.replica_port is None:
         return None
-    from resctl.checkpoint import memdir, replica
-
     key = memdir.job_key(launch_plan.run_id, "")
     try:
         server = replica.ReplicaServer(key, launch_plan.replica_port, launch=launch)
@@ -207,8 +206,6 @@ def wait_stopping(child: "subprocess.Popen[bytes]", received: Sequence[int], ter
                   on_event: Callable[[str], None]) -> int:
     """Wait for the launcher; once a stop was forwarded, SIGKILL its whole process tree if it is
     still there `term_timeout` + `EXIT_SLACK` seconds later (a stop is never held up for good)."""
-    import time
-
     deadline: float | None = None
     while True:
         try:
@@ -246,8 +243,6 @@ def kill_tree(pid: int) -> int:
 
 def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int:
     """Start ft_launcher, forward signals, return its exit code (printing a summary on failure)."""
-    import time
-
     started = time.monotonic()
     write_files(launch_plan)
     (launch_plan.run_dir / stop.FATAL_FILE).unlink(missing_ok=True)  # a reason is this run's only
@@ -255,8 +250,6 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
     on_event(f"resctl: run {launch_plan.run_id} -> {launch_plan.run_dir}")
     if launch_plan.metrics_port is not None:
         on_event(f"resctl: metrics on http://{serve_metrics(launch_plan)}/metrics")
-    from resctl.checkpoint import memdir
-
     # This launch's own memory-tier tree: another job with the same run id on this node has its own.
     launch = memdir.new_launch()
     memdir.sweep_dead_launches(launch_plan.run_id)
@@ -310,8 +303,6 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         on_event(f"resctl: stopped with the job (a SIGTERM that reached another node or the launcher itself); "
                  f"exit {code}; run dir {launch_plan.run_dir}")
     elif code != 0:
-        from resctl.telemetry.summary import failure_summary
-
         for line in failure_summary(launch_plan.run_dir, code):
             on_event(line)
     else:
@@ -323,16 +314,10 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
 def _after_launcher(launch_plan: LaunchPlan, pid: int, code: int) -> None:
     """A launcher killed by a signal cannot clean up or say it left: remove what it left on the node
     (resctl.launch.leftovers) and, on resctl's rendezvous, say it left for it."""
-    from resctl.launch.rdzv_rounds import IMPL_ENV
-
     if code < 0:
-        from resctl.launch import leftovers
-
         leftovers.remove_for(pid)
 
     if launch_plan.env.get(IMPL_ENV) == "resctl":
-        from resctl.launch.owned_rdzv import mark_launcher_gone
-
         mark_launcher_gone(launch_plan.run_dir, pid, launch_plan.rendezvous.endpoint, launch_plan.run_id, code < 0)
 
 
@@ -340,8 +325,6 @@ def _watch(launch_plan: LaunchPlan, launcher_pid: int, on_event: Callable[[str],
     """The straggler watch over this run's events (resctl.health.watch), when the profile asks for one."""
     if launch_plan.health is None:
         return None
-    from resctl.health.watch import Watch
-
     watch = Watch(launch_plan.run_dir, launch_plan.health, on_event)
     if not watch.needed:
         return None

@@ -11,15 +11,18 @@ only puts them in order and runs the launcher.
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import signal
+import sys
 
 from resctl.launch import adapters, launcher_logs, lifeline, preload, stop
+from resctl.launch.titles import set_title
 from resctl.profile import contract
 
 
 def _launcher_title() -> str:
-    import json
-
     try:
         with open(os.environ[contract.PLAN], encoding="utf-8") as f:
             return "resctl-launcher " + os.path.basename(json.load(f)["target"]["script"])
@@ -28,9 +31,6 @@ def _launcher_title() -> str:
 
 
 def main() -> None:
-    import atexit
-    import signal
-
     # First: a `resctl run` SIGKILLed from here on still stops the job (a SIGTERM: its final save).
     lifeline.die_with_parent(signal.SIGTERM, lifeline.expected(os.environ, lifeline.RUN_PID_ENV))
     os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())  # exec'd workers set theirs (resctl.shim)
@@ -48,9 +48,8 @@ def main() -> None:
     launcher_logs.install()  # no secrets or stop tracebacks in its log
     if os.environ.get(contract.PRELOAD) == "1":
         preload.preload()
-    from resctl.launch.titles import set_title
-
     set_title(_launcher_title())
+    # deferred: after quiet_logs() and the adapters above: NVRx sets its logging up when imported
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as launcher_main
 
     try:
@@ -65,7 +64,6 @@ def refuse_unknown_nvrx() -> None:
     """Exit 2 before NVRx's launcher starts anything when resctl cannot drive the installed NVRx (a
     version out of range, or one that lacks a private name resctl's agent uses): a message, no
     traceback mid-job. `resctl run` refuses versions out of range itself, before it starts this."""
-    import sys
     from importlib import metadata
 
     from resctl.launch.nvrx_private import refusal
@@ -85,9 +83,6 @@ def exit_quickly(code: int) -> None:
     """Exit as the interpreter would, less its teardown of every module (torch's takes about
     0.5 s): the atexit handlers run (logging's flush, multiprocessing's children, the marker file),
     then the standard streams are flushed."""
-    import atexit
-    import sys
-
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:

@@ -28,10 +28,12 @@ import logging
 import os
 import re
 import signal
+import sys
 from typing import Any
 
 from resctl.patching import Patches
 from resctl.profile import contract
+from resctl.redact import redact_rdzv_conf, redact_text
 
 _STOP_EXCEPTIONS = ("SignalException",)
 
@@ -49,8 +51,6 @@ def _from_stop(exc: BaseException | None) -> bool:
 def scrub(record: logging.LogRecord) -> logging.LogRecord:
     """The record with rdzv_configs values masked, a stop's traceback dropped, and secret-shaped
     text (a worker's error quoting a URL with its token) masked in the message and traceback (in place)."""
-    from resctl.redact import redact_rdzv_conf, redact_text
-
     args: Any = record.args
     if isinstance(args, dict) and isinstance(args.get("rdzv_configs"), dict):
         record.args = {**args, "rdzv_configs": redact_rdzv_conf(args["rdzv_configs"])}
@@ -171,8 +171,6 @@ def quiet_logs(env: Any = os.environ) -> str | None:
     `<run_dir>/launcher.log`, keeping one console line per worker-group restart; returns the file,
     or None when the console keeps them (`RESCTL_VERBOSE=1`, no run dir). The process's own
     stdout and stderr, which the workers inherit, are left alone."""
-    import sys
-
     run_dir = env.get(contract.RUN_DIR)
     if not run_dir or env.get(contract.VERBOSE) == "1" or _QUIET:
         return None
@@ -197,7 +195,7 @@ def _torch_logs_to(log: Any) -> None:
     """torch gives its top loggers ("torch", "torch.distributed") a console handler of their own and no
     propagation; NVRx >= 0.6 runs torch's elastic agent, whose worker failures log there: into the log
     file instead, and through the restart lines' handler."""
-    import torch  # noqa: F401 - its logging set-up happens at import (the launcher imports it anyway)
+    import torch  # noqa: F401  # deferred: at the top, torch would load before ft_entry.main()'s first steps
 
     for name in ("torch", "torch.distributed"):
         logger = logging.getLogger(name)

@@ -23,6 +23,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from resctl.errors import UsageError
+from resctl.profile.nvrx_versions import CHECKED, SUPPORTED, series_for
+
 LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 #: NVRx 0.4/0.5 carry their own copy of torch elastic; 0.6+ use torch's.
 COMPAT_MP = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing.api"
@@ -280,9 +283,6 @@ def missing(series: str) -> list[Private]:
 
 def refusal(version: str) -> str | None:
     """Why resctl's launcher cannot drive the installed NVRx `version` (a console message), or None."""
-    from resctl.errors import UsageError
-    from resctl.profile.nvrx_versions import CHECKED, SUPPORTED, series_for
-
     try:
         series = series_for(version)
     except UsageError as err:

@@ -31,12 +31,14 @@ import logging
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from resctl.errors import LaunchError
 from resctl.launch.rdzv_rounds import (
     DEAD,
     LEFT,
+    SLOT_FILE,
     Joiner,
     Keys,
     Outcome,
@@ -559,10 +561,6 @@ def mark_launcher_gone(run_dir: Any, launcher_pid: int, endpoint: str, run_id: s
     exit, which said "left" itself), mark its slot dead in the rendezvous store, so that the other
     nodes' restart round waits for no keep-alive of it to expire. False when there was nothing to do
     or the store could not be reached (it may have died with this node)."""
-    from pathlib import Path
-
-    from resctl.launch.rdzv_rounds import SLOT_FILE
-
     path = Path(run_dir) / SLOT_FILE.format(pid=launcher_pid)
     try:
         slot = int(path.read_text())

@@ -4,12 +4,19 @@ monitor loop). Used by `resctl.launch.ft_entry` (with `RESCTL_PRELOAD=1`: forked
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import os
+import sys
 import threading
+import time
 import warnings
+import weakref
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from resctl.launch import stop
 from resctl.patching import Patches
 from resctl.profile import contract
 
@@ -59,8 +66,6 @@ class LatePreload:
 
     @classmethod
     def workers_started(cls) -> None:
-        import time
-
         if cls.started_at is None:
             cls.started_at = time.monotonic()
 
@@ -68,8 +73,6 @@ class LatePreload:
     def maybe_start(cls) -> None:
         """From the monitor loop: start the thread once the first workers have run long enough and one
         of them imported the late modules."""
-        import time
-
         if cls.thread is None and cls.started_at is not None and time.monotonic() - cls.started_at >= LATE_AFTER \
                 and cls.wanted():
             cls.start_now()
@@ -80,8 +83,6 @@ class LatePreload:
         note, in the first LATE_LOOK_FOR seconds of the workers (a GPU job's first step comes seconds after
         its start: with a 5 s look the import overlapped the first seconds of training, and a kill -9 there
         waited for it, ~2 s on one H200)."""
-        import time
-
         since = cls.started_at
         if cls.thread is None and since is not None and time.monotonic() - since < LATE_LOOK_FOR and cls.enabled():
             return min(seconds, LATE_LOOK)
@@ -90,10 +91,6 @@ class LatePreload:
     @staticmethod
     def wanted() -> bool:
         """A worker of this launcher said its script imported LATE_PRELOAD (`resctl.launch.stop`'s note)."""
-        from pathlib import Path
-
-        from resctl.launch import stop
-
         marker = os.environ.get(stop.ENV)
         return marker is not None and stop.late_imports_marked(Path(marker))
 
@@ -101,18 +98,12 @@ class LatePreload:
     def note_imported() -> None:
         """In a forked worker at its first optimizer step: say so when its script imported any of LATE_PRELOAD
         (torch imports torch._dynamo, and with it FSDP, when the first optimizer is built)."""
-        import sys
-
-        from resctl.launch import stop
-
         if any(name in sys.modules for name in LATE_PRELOAD):
             stop.mark_late_imports(os.environ)
 
     @classmethod
     def start_now(cls) -> None:
         """Import LATE_PRELOAD in the thread now (a spare node waiting: its first workers come later)."""
-        import threading
-
         if cls.thread is None and cls.enabled():
             import logging
 
@@ -143,8 +134,6 @@ class ExitHandlers:
     @contextmanager
     def recording(cls) -> Iterator[None]:
         """Record what this thread registers meanwhile (another thread's registrations are not imports)."""
-        import atexit
-
         real, me = atexit.register, threading.get_ident()
 
         def register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -163,9 +152,6 @@ class ExitHandlers:
     def at_import(cls) -> list[ExitHandler]:
         """What a new interpreter would have registered, in order: the standard library's handlers of
         modules loaded before the recording started, then the recorded ones."""
-        import sys
-        import weakref
-
         found: list[ExitHandler] = []
         logging, mp_util = sys.modules.get("logging"), sys.modules.get("multiprocessing.util")
         for func in (getattr(logging, "shutdown", None), getattr(mp_util, "_exit_function", None)):
@@ -204,12 +190,10 @@ class ImportWarnings:
 def import_torch() -> None:
     """Import torch first, recording what it warns (`ImportWarnings`)."""
     with ImportWarnings.recording():
-        import torch  # noqa: F401
+        import torch  # noqa: F401  # deferred: only launchers that fork workers import it, inside the recording
 
 
 def _import(names: tuple[str, ...]) -> None:
-    import importlib
-
     with ExitHandlers.recording():
         for name in names:
             try:
@@ -219,8 +203,6 @@ def _import(names: tuple[str, ...]) -> None:
 
 
 def preload() -> None:
-    import importlib
-
     with ExitHandlers.recording():
         for name in PRELOAD:
             importlib.import_module(name)

@@ -31,10 +31,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 from resctl.launch import owned_rdzv, rdzv_rounds, store_guard
+from resctl.launch.spares import SpareConsole
 from resctl.patching import Patches
+from resctl.profile.contract import RUN_DIR
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +118,6 @@ def owned_handler(params: Any, keep_alive: float, misses: int, barrier: bool = F
     from nvidia_resiliency_ext.fault_tolerance.ipc_connector import IpcConnector
     from nvidia_resiliency_ext.shared_utils.health_check import GPUHealthCheck
 
-    from resctl.launch.spares import SpareConsole
 
     try:
         from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.c10d_rendezvous_backend import (
@@ -146,10 +148,6 @@ def owned_handler(params: Any, keep_alive: float, misses: int, barrier: bool = F
 def _write_slot(slot: int) -> None:
     """This node's member slot, in the run directory, for `resctl run` (it marks the slot dead when
     the launcher dies: the next restart round then waits for no keep-alive to expire)."""
-    from pathlib import Path
-
-    from resctl.profile.contract import RUN_DIR
-
     run_dir = os.environ.get(RUN_DIR)
     if run_dir:
         try:

@@ -21,12 +21,15 @@ left, up to the join timeout, then fail. `decide_after_peer_stop` decides instea
 from __future__ import annotations
 
 import logging
+import pickle
 import socket
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+from resctl.launch.owned_rdzv import read_state
 from resctl.launch.preload import LatePreload
 from resctl.launch.rdzv_rounds import RendezvousView, RoundState
 from resctl.patching import Patches
@@ -240,8 +243,6 @@ def wait_for_full_round(endpoint: str, run_id: str, nodes: int, timeout: float, 
     full job) waits here before its launcher starts, so the rendezvous keeps it as the spare instead of letting
     it in before a tested node. `rendezvous`: "resctl" (resctl's, read through its typed state) or "nvrx"
     (NVRx 0.4/0.5's c10d state; NVRx >= 0.6's own cannot be read: `UnreadableRendezvous`)."""
-    from datetime import timedelta
-
     import torch.distributed as dist
 
     from resctl.profile.schema import split_endpoint
@@ -270,11 +271,7 @@ class UnreadableRendezvous(Exception):
 def _full_round_reader(run_id: str, nodes: int, rendezvous: str) -> Any:
     """A function of the store: True once a round of at least `nodes` nodes has closed."""
     if rendezvous == "resctl":
-        from resctl.launch.owned_rdzv import read_state
-
         return lambda store: read_state(store, run_id).full_with(nodes)
-    import pickle
-
     try:
         from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.c10d_rendezvous_backend import (
             C10dRendezvousBackend,

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from resctl.errors import EXIT_STORE_LOST
@@ -83,8 +84,6 @@ class StoreLost:
         log.error("%s", text)
         run_dir = os.environ.get(contract.RUN_DIR)
         if run_dir:
-            from pathlib import Path
-
             contract.record_fatal(Path(run_dir), {"cause": "store_lost", "error": text, "exit_code": EXIT_STORE_LOST})
         os.kill(os.getpid(), signal.SIGTERM)  # the job's stop, as any other (remembered: no restart after it)
         raise SignalException(f"Process {os.getpid()} got signal: {int(signal.SIGTERM)}", sigval=signal.SIGTERM)

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from pydantic import ValidationError
 
+from resctl.drills import parse_schedule  # the drill registry: imports nothing
 from resctl.errors import Problem, ProfileError
 from resctl.profile import contract
 from resctl.profile.schema import ENV_PREFIX, SECTIONS, Profile, env_name, is_duration, key_name, keys
@@ -146,8 +147,6 @@ def env_layer(env: Mapping[str, str]) -> tuple[Layer, list[Problem]]:
         layer.values[dotted] = parse_env_value(dotted, raw)
         layer.labels[dotted] = f"env {name}"
     if env.get(contract.FAULTS):
-        from resctl.drills import parse_schedule  # the drill registry: imports nothing
-
         try:
             layer.values["faults.schedule"] = parse_schedule(env[contract.FAULTS])
             layer.labels["faults.schedule"] = "env RESCTL_FAULTS"

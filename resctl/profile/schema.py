@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -14,6 +15,8 @@ from pydantic.fields import FieldInfo
 
 from resctl import slots  # pure facts of the memory tier (imports nothing)
 from resctl.drills import FaultKind
+from resctl.errors import UsageError
+from resctl.profile.nvrx_versions import series_for
 from resctl.profile.units import parse_duration
 
 
@@ -95,9 +98,6 @@ def split_endpoint(value: str, default_port: int) -> Endpoint:
 
 def nvrx_series(version: str) -> str:
     """The ft_launcher series ("0.4", "0.6+") of a version; ValueError for one resctl cannot plan for."""
-    from resctl.errors import UsageError
-    from resctl.profile.nvrx_versions import series_for
-
     if not _VERSION.fullmatch(version.strip()):
         raise ValueError(f"{version!r} is not a version; use auto or a version such as 0.4.1 or 0.7.0")
     try:
@@ -155,8 +155,6 @@ def _check_path(value: str) -> str:
 
 
 def _check_addr(value: str) -> str:
-    import ipaddress
-
     try:
         ipaddress.ip_address(value.strip())
     except ValueError:

@@ -14,6 +14,7 @@ so each round starts empty. The in-process restart's application store lives the
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -34,8 +35,6 @@ def prefix_per_cycle(patches: Patches) -> None:
     """Patch torch's `_create_c10d_store` (env:// and tcp:// rendezvous) while the agent's store is used."""
     if not uses_agent_store():
         return
-    import importlib
-
     import torch.distributed as dist
 
     rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the attribute is a function

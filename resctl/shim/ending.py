@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Callable
 
+from resctl.errors import EXIT_USAGE, ResctlError
+
 _SHIM_DIR = os.path.dirname(os.path.abspath(__file__))
 # Frames a traceback of `python script.py` does not have: the shim's, runpy's, and NVRx's
 # in-process wrapper around the script.
@@ -88,8 +90,6 @@ def _is_refusal(err: BaseException) -> bool:
     """resctl's own refusal of bad input (a checkpoint that does not fit the state, a directory
     another job owns: `exit_code` 2). Its message says what and how to fix; a traceback would
     only bury it."""
-    from resctl.errors import EXIT_USAGE, ResctlError
-
     return isinstance(err, ResctlError) and getattr(err, "exit_code", None) == EXIT_USAGE
 
 

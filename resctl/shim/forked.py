@@ -36,12 +36,17 @@ and open file descriptors (README, "Differences from torchrun").
 from __future__ import annotations
 
 import atexit
+import faulthandler
+import itertools
 import os
+import pickle
 import random
 import signal
 import sys
 import threading
+import traceback
 import warnings
+import weakref
 from typing import Any
 
 from resctl.launch import preload
@@ -72,8 +77,6 @@ def reset() -> list[str]:
 
 
 def _atexit() -> None:
-    import weakref
-
     atexit._clear()
     for func, args, kwargs in preload.ExitHandlers.at_import():
         atexit.register(func, *args, **kwargs)
@@ -113,8 +116,6 @@ def _hooks() -> None:
 def fresh_faulthandler() -> None:
     """The fault handler as a new interpreter has it: off unless PYTHONFAULTHANDLER or -X faulthandler
     (torch elastic's error handler turns it on in the launcher; imports of the shim may too)."""
-    import faulthandler
-
     wanted = bool(os.environ.get("PYTHONFAULTHANDLER")) or "faulthandler" in getattr(sys, "_xoptions", {})
     if faulthandler.is_enabled() and not wanted:
         faulthandler.disable()
@@ -123,7 +124,6 @@ def fresh_faulthandler() -> None:
 def _multiprocessing() -> None:
     """The worker is the main process of its own multiprocessing world, not the launcher's child:
     `current_process()` is MainProcess, no parent, no children, no start method chosen yet."""
-    import itertools
     import multiprocessing.context
     import multiprocessing.process as mp_process
 
@@ -189,9 +189,6 @@ def post_error(err: BaseException) -> bool:
     """Give the launcher a failed worker's traceback, as torch's spawn wrapper would have: it names
     the cause in the launcher's log and the console's restart line. The error file is the wrapper's
     (a local of `torch.multiprocessing.spawn._wrap`, further up this stack); False when not found."""
-    import pickle
-    import traceback
-
     frame = sys._getframe()
     while frame is not None:
         code = frame.f_code

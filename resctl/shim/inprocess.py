@@ -35,6 +35,7 @@ callback) alone would take for progress. See docs/recovery.md.
 from __future__ import annotations
 
 import datetime
+import importlib
 import logging
 import os
 import socket
@@ -49,6 +50,7 @@ from resctl.shim.agent_store import round_prefix, uses_agent_store
 from resctl.shim.fresh import FreshState
 from resctl.shim.target import Target, run_target
 from resctl.telemetry.events import EventLog
+from resctl.telemetry.goodput import PEER_ERROR
 
 log = logging.getLogger("resctl.shim")
 
@@ -278,8 +280,6 @@ def tell_rank0(app: Any, cycle: int, iteration: int, err: BaseException) -> None
     before the exception reaches the wrapper, so before the restart it causes begins. The first
     failure wins; a peer's error ("Connection closed by peer" once the failed rank aborted) is kept
     apart, so it names the fault only when no rank had one of its own."""
-    from resctl.telemetry.goodput import PEER_ERROR
-
     text = f"{type(err).__name__}: {err}"
     key = FAULT_KEY.format(cycle=cycle, iteration=iteration) + ("/peer" if PEER_ERROR.search(text) else "")
     try:
@@ -316,8 +316,6 @@ def import_before_interrupts() -> None:
     executed for the next iteration ("module 'torch._dynamo' has no attribute 'utils'", seen under load).
     A script that builds an optimizer imports them anyway; a forked worker has them from the launcher
     (resctl.launch.preload) once its late preload ran."""
-    import importlib
-
     for name in LATE_PRELOAD:
         try:
             importlib.import_module(name)

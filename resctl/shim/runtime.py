@@ -29,8 +29,12 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from resctl import checkpoint
 from resctl.checkpoint import memdir
+from resctl.checkpoint.errors import CheckpointDirInUse, CheckpointMismatch, SaveFailuresExceeded
 from resctl.drills import KINDS, FaultKind
+from resctl.errors import EXIT_USAGE
+from resctl.launch import stop
 from resctl.launch.preload import LatePreload
 from resctl.patching import Patches
 from resctl.profile import contract
@@ -486,7 +490,6 @@ class Shim:
         self.patches.set(RankMonitorClient, "init_workload_monitoring", init_workload_monitoring)
 
     def _configure_checkpoint(self) -> None:
-        from resctl import checkpoint
         from resctl.checkpoint.engine import Checkpointer
 
         ckpt = Checkpointer(self.profile.checkpoint, events=self.events, hooks=self)
@@ -537,15 +540,11 @@ assert set(DRILL_ACTIONS) == set(KINDS), "every drill in resctl.drills needs an 
 
 def _mark_left(peer: bool) -> None:
     """Tell this worker's launcher that it left on a job stop: another rank's (peer) or its own SIGTERM."""
-    from resctl.launch import stop
-
     stop.mark_left(os.environ, os.getpid(), stop.PEER if peer else stop.OWN)
 
 
 def _mark_saving() -> None:
     """Tell this worker's launcher that it is saving the job stop's final checkpoint."""
-    from resctl.launch import stop
-
     stop.mark_saving(os.environ, os.getpid())
 
 
@@ -619,10 +618,6 @@ def _die_with_launcher() -> None:
 
 def stop_if_incurable(shim: Shim, err: BaseException) -> None:
     """A checkpoint error no restart can cure stops the job (docs/recovery.md, "Faults no restart cures")."""
-    from resctl.checkpoint.errors import CheckpointDirInUse, CheckpointMismatch, SaveFailuresExceeded
-    from resctl.errors import EXIT_USAGE
-    from resctl.launch import stop
-
     if isinstance(err, (CheckpointDirInUse, CheckpointMismatch)):
         stop.stop_job(shim.run_dir, shim.rank, err, EXIT_USAGE)
     elif isinstance(err, SaveFailuresExceeded):

@@ -20,6 +20,8 @@ import warnings
 from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 
+import resctl
+
 
 @dataclass(frozen=True)
 class Target:
@@ -47,8 +49,6 @@ def new_main() -> types.ModuleType:
 def fresh_warning_filters() -> None:
     """The warning filters a new interpreter would start the script with: the shim's imports (torch,
     NVRx) added theirs, and a forked worker has the launcher's, which ignore everything."""
-    import resctl
-
     warnings.filters[:] = list(resctl.STARTUP_WARNING_FILTERS)  # type: ignore[index]  # a list at run time
     warnings._filters_mutated()  # type: ignore[attr-defined]  # every module's __warningregistry__ is stale now
 
