@@ -201,7 +201,7 @@ SERIES = (
      False),
     ("store replaced: one node's connections (client, keep-alive), median", "store_replaced", "connect_node_p50_s",
      "s", False),
-    ("store replaced: connections that stalled 5 s (harness: every server kind)", "store_replaced",
+    ("store replaced: connections that stalled 5 s (the client's reverse DNS lookups, this VM)", "store_replaced",
      "connect_stalls", "", False),
     ("store replaced: of it, round 0 (all nodes join), wall", "store_replaced", "round_s", "s", False),
     ("store replaced: critical path on N machines, serving -> round complete (estimate)", "store_replaced",

@@ -179,8 +179,8 @@ def replaced(n: int, port: int, keep_alive: float = 1.0, misses: int = 3) -> dic
     ops = per_participant(total(x.ops for x in nodes), n)
     return {
         "n": n, "store_start_s": ready - t0, "connect_s": connected - ready, "round_s": wall,
-        # One node's two connections (client, keep-alive); > 1 s: the 5 s connect stalls of the harness
-        # (seen with every TCPStore server kind here: docs/BENCHMARKS.md).
+        # One node's two connections (client, keep-alive); > 1 s: a TCPStore client's reverse DNS lookup
+        # that this VM's resolver dropped (5 s: docs/BENCHMARKS.md).
         "connect_node_p50_s": statistics.median(connects), "connect_stalls": sum(c > 1 for c in connects),
         "rdzv_s": rdzv_wall, "ready_to_round_s": done - ready, "round_cpu_s": cpu, "round": ops,
         "store": sample.__dict__,
