@@ -2,6 +2,7 @@
 
     nice -n 10 python -m bench.scale --n 8,64,256,1024 --rdzv-max 256 --out bench/scale/results.json
     nice -n 10 python -m bench.scale --n 8,64,256,1024 --owned replace,known,silent --out bench/scale/results-owned.json
+    nice -n 10 python -m bench.scale --n 8,64,256,1024 --store loss --out bench/scale/results-store.json
     python -m bench.scale --table bench/scale/results.json      # the tables again, from the file
 
 Phases (see docs/BENCHMARKS.md, "Recovery coordination at scale"):
@@ -12,6 +13,9 @@ Phases (see docs/BENCHMARKS.md, "Recovery coordination at scale"):
 - rendezvous, NVRx 0.4.1's (the opt-out, `launch.rendezvous = "nvrx"`): `FtRendezvousHandler` +
   `C10dRendezvousBackend`, one per node (bench/scale/rdzv.py), the same scenario with a replacement
   (plus the agent's rank-assignment all-gather and master keys), up to `--rdzv-max` (O(N^2) work).
+- the rendezvous store lost and replaced (`launch.store = "external"`, issue 42; bench/scale/storeloss.py):
+  N nodes in a formed round polling through the store guard, the `resctl store` process SIGKILLed, every
+  node's detection; a new store on the same port and round 0 from scratch; `--store loss` runs only these.
 - stop step: `resctl.shim.stopstep` after and before (bench/scale/legacy_stopstep.py) issue 25.
 - load agreement: candidates, common memory steps, buddy address, verdict (bench/scale/coord.py).
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -172,6 +177,41 @@ SERIES = (
      "s", False),
     ("resctl rendezvous, typed state read, store round trips", "owned_replace", "state_read.round_trips", ""),
     ("resctl rendezvous, typed state read, bytes", "owned_replace", "state_read.bytes", "B"),
+    ("store lost: kill -> last node detected (monitor poll every interval_s), wall in the harness", "store_lost",
+     "detect_raw_s", "s", False),
+    ("store lost: kill -> detected, median node, wall", "store_lost", "detect_raw_p50_s", "s", False),
+    ("store lost: the failed poll -> detected, last node (net of the poll's wait), wall", "store_lost",
+     "detect_net_s", "s", False),
+    ("store lost: the failed poll -> detected, median node (net), wall", "store_lost", "detect_net_p50_s", "s", False),
+    ("store lost: harness CPU from the kill to the last detection", "store_lost", "detect_cpu_s", "s"),
+    ("store lost: critical path on N machines, net of the poll's wait (estimate)", "store_lost", "critical_s", "s"),
+    ("store healthy: monitor polls per node per poll interval", "store_lost", "polls_per_interval", ""),
+    ("store healthy: store round trips per node per poll interval (poll + keep-alive)", "store_lost",
+     "per_interval.round_trips", ""),
+    ("store healthy: bytes per node per poll interval", "store_lost", "per_interval.bytes", "B"),
+    ("store healthy: harness CPU over the window", "store_lost", "healthy_cpu_s", "s"),
+    ("store healthy: store CPU over the window", "store_lost", "store.cpu_s", "s"),
+    ("store healthy: store connections", "store_lost", "store.connections", ""),
+    ("store healthy: store peak RSS", "store_lost", "store.rss_peak_mb", "MB"),
+    ("store replaced: process start -> serving (python + torch import)", "store_replaced", "store_start_s", "s",
+     False),
+    ("store replaced: serving -> round 0 complete at every node, wall in the harness", "store_replaced",
+     "ready_to_round_s", "s", False),
+    ("store replaced: of it, N nodes connecting one after another (harness)", "store_replaced", "connect_s", "s",
+     False),
+    ("store replaced: one node's connections (client, keep-alive), median", "store_replaced", "connect_node_p50_s",
+     "s", False),
+    ("store replaced: connections that stalled 5 s (the client's reverse DNS lookups, this VM)", "store_replaced",
+     "connect_stalls", "", False),
+    ("store replaced: of it, round 0 (all nodes join), wall", "store_replaced", "round_s", "s", False),
+    ("store replaced: critical path on N machines, serving -> round complete (estimate)", "store_replaced",
+     "critical_s", "s"),
+    ("store replaced: store round trips per node", "store_replaced", "round.round_trips", ""),
+    ("store replaced: bytes per node", "store_replaced", "round.bytes", "B"),
+    ("store replaced: harness CPU of the round", "store_replaced", "round_cpu_s", "s"),
+    ("store replaced: store CPU, serving -> round complete", "store_replaced", "store.cpu_s", "s"),
+    ("store replaced: store connections", "store_replaced", "store.connections", ""),
+    ("store replaced: store peak RSS", "store_replaced", "store.rss_peak_mb", "MB"),
     ("stop step, before: signal -> last rank agreed", "stop_before", "wall_s", "s", False),
     ("stop step, after: signal -> last rank agreed", "stop_after", "wall_s", "s", False),
     ("stop step, before: critical path on N machines (estimate)", "stop_before", "critical", "s"),
@@ -234,6 +274,21 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _store(ns: list[int], poll: float, out: Path) -> dict[str, Any]:
+    """The store lost, then replaced on the same port, at each N (bench/scale/storeloss.py)."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ traceback per failed request, x 2N
+    from bench.scale import storeloss
+
+    results: dict[str, Any] = {"machine": "dev VM (2 cores, shared)", "python": platform.python_version(), "ns": ns,
+                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "poll_s": poll}
+    for n in ns:
+        port = storeloss.free_port()
+        _run(results, "store_lost", n, lambda: storeloss.lost(n, port, poll))
+        _run(results, "store_replaced", n, lambda: storeloss.replaced(n, port))
+        out.write_text(json.dumps(results, indent=1))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -244,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rdzv-only", action="store_true", help="only the rendezvous phases (resctl's, then NVRx's "
                                                                      "up to --rdzv-max)")
     parser.add_argument("--owned", help="instead: only resctl's rendezvous at --n, these variants (replace,known,silent)")
+    parser.add_argument("--store", choices=["loss"], help="instead: the rendezvous store lost and replaced at --n "
+                                                           "(issue 42)")
+    parser.add_argument("--poll", type=float, default=0.5, help="--store: the launchers' monitor interval (s)")
     parser.add_argument("--out", type=Path, default=Path("bench/scale/results.json"))
     parser.add_argument("--table", type=Path, help="print the tables of a results file and exit")
     parser.add_argument("--gloo", help="instead: load's agreement on real gloo groups in threads at these N "
@@ -263,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         print(table(results))
         return 0
     ns = [int(x) for x in args.n.split(",")]
+    if args.store:
+        results = _store(ns, args.poll, args.out)
+        print(table(results))
+        return 0
     if args.owned:
         from bench.scale import owned
 

@@ -2,6 +2,7 @@
 time are its own (as they are in the rank-0 agent or worker that hosts it in a real job).
 
     python -m bench.scale.host [--legacy]     # prints the port, serves until stdin closes
+    python -m bench.scale.host --resctl PORT  # the same, served as `resctl store` serves it (issue 42)
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ class HostSample:
 class StoreHost:
     """A TCPStore server process; `sample()` over a phase: peak RSS, peak connections, CPU time."""
 
-    def __init__(self, libuv: bool = True) -> None:
+    def __init__(self, libuv: bool = True, resctl_port: int | None = None) -> None:
         args = [sys.executable, "-m", "bench.scale.host"] + ([] if libuv else ["--legacy"])
+        args += [] if resctl_port is None else ["--resctl", str(resctl_port)]
         root = Path(__file__).resolve().parents[2]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root)
         assert self.proc.stdout is not None
@@ -72,6 +74,12 @@ class StoreHost:
         self._peak_conn = max(self._peak_conn, self.connections())
         return HostSample(kb["VmHWM"] / 1024, kb["VmRSS"] / 1024, self._peak_conn, self._cpu() - self._cpu0)
 
+    def kill(self) -> None:
+        """SIGKILL: the store lost (its keys with it), its sockets closed by the kernel."""
+        self._stop.set()
+        self.proc.kill()
+        self.proc.wait()
+
     def close(self) -> None:
         self._stop.set()
         assert self.proc.stdin is not None
@@ -92,13 +100,31 @@ class StoreHost:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--legacy", action="store_true", help="the pre-libuv TCPStore server (NVRx's rendezvous store)")
+    parser.add_argument("--resctl", type=int, metavar="PORT", help="serve with resctl.launch.store_server (`resctl "
+                        "store --listen 127.0.0.1:PORT`) on this port")
     args = parser.parse_args()
+    if args.resctl is not None:
+        _serve_resctl(args.resctl)
+        return
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False, use_libuv=not args.legacy)
     print(store.port, flush=True)
     sys.stdin.read()  # until the harness closes it
     time.sleep(0)
+
+
+def _serve_resctl(port: int) -> None:
+    from resctl.launch.store_server import Listen, serve
+
+    stop = threading.Event()
+
+    def until_stdin_closes() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=until_stdin_closes, daemon=True).start()
+    serve(Listen("127.0.0.1", port), lambda at: print(at.port, flush=True), stop)
 
 
 if __name__ == "__main__":

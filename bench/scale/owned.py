@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 from bench.scale.counting import Counting, per_participant, total
 from bench.scale.host import StoreHost
@@ -32,7 +32,9 @@ from bench.scale.rdzv import run_rounds
 class Node:
     """One simulated node's agent on resctl's rendezvous."""
 
-    def __init__(self, port: int, run_id: str, min_nodes: int, max_nodes: int, keep_alive: float, misses: int) -> None:
+    def __init__(self, port: int, run_id: str, min_nodes: int, max_nodes: int, keep_alive: float, misses: int,
+                 guard: Callable[[Any], Any] | None = None) -> None:
+        """`guard`: wraps the handler's store (as the launcher wraps it in a StoreGuard: bench/scale/storeloss.py)."""
         import torch.distributed as dist
 
         from resctl.launch.owned_rdzv import OwnedRendezvousHandler, _Settings
@@ -49,7 +51,8 @@ class Node:
         def connect() -> Counting:
             return beat
 
-        self.handler = OwnedRendezvousHandler(Counting(self.client, self.ops), settings, base_store=self.client,
+        store = Counting(self.client, self.ops)
+        self.handler = OwnedRendezvousHandler(guard(store) if guard else store, settings, base_store=self.client,
                                               connect=connect)
         self.handler.local_world_size = 8
         self.done = self.rdzv_done = 0.0
