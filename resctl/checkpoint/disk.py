@@ -22,7 +22,7 @@ import shutil
 import stat
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, MutableMapping
 
@@ -85,11 +85,12 @@ class Disk:
         recycled = self._reuse_recycled(tmp, {fmt.META, *(f"data-{i}.bin" for i in range(len(ranges)))})
         if not recycled:
             tmp.mkdir()
+        futures: list[Future[tuple[int, int]]] = []
         try:
             if staged.is_cuda:
                 staged = self._staging.to_host(staged)
             view = fmt.byte_view(staged)
-            futures = [
+            futures += [
                 self.pool.submit(write_data_file, tmp / f"data-{i}.bin", view[lo:hi], self._tick)
                 for i, (lo, hi) in enumerate(ranges)
             ]
@@ -108,6 +109,9 @@ class Disk:
             fmt.fsync_dir(tmp)
             self.publish(tmp, step)
         except BaseException:
+            # The data files' writers first: one still writing (the metadata failed first, e.g. ENOSPC) would
+            # create a file in `tmp` while rmtree walks it, and the half-written directory would stay.
+            wait(futures)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.events.emit(

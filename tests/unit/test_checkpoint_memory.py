@@ -201,7 +201,6 @@ def test_release_removes_the_rank_and_the_empty_job_directory(tmp_path: Path, sh
 CHILD = textwrap.dedent("""
     import sys, torch
     from resctl.checkpoint.engine import Checkpointer
-from resctl.checkpoint.shmslot import Slot
     c = Checkpointer(dir=sys.argv[1], interval_steps=10**9, memory_every=1, run_id="run-a", async_=False)
     # Every element of every tensor holds the step: a torn snapshot mixes two steps.
     state = {"a": torch.zeros(3 << 20), "b": torch.zeros(1 << 20, dtype=torch.float64)}
@@ -253,7 +252,6 @@ def test_kill_9_during_12_memory_snapshots_never_restores_a_torn_one(tmp_path: P
 CHILD_FULL = textwrap.dedent("""
     import resource, signal, sys, torch
     from resctl.checkpoint.engine import Checkpointer
-from resctl.checkpoint.shmslot import Slot
     from resctl.telemetry.events import EventLog
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # no file over 1 MiB: a full /dev/shm

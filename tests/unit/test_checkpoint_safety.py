@@ -370,3 +370,48 @@ def test_resctl_run_refuses_a_checkpoint_dir_a_live_job_owns(tmp_path: Path) -> 
     assert f"checkpoint dir {root} is in use by run run-A (pid {holder.pid}" in done.stderr
     assert "checkpoint.dir" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("events-*"))
+
+
+def test_a_failed_metadata_write_leaves_no_directory_while_the_data_writers_finish(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The metadata file fails (ENOSPC) while the data files are still being written on the writer pool: the
+    temporary directory is removed only after they finish, so none of it stays (before: a data writer created
+    its file while rmtree walked the directory, and `.tmp-step-...` stayed; seen on a loaded box)."""
+    import errno
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    real_data, real_write, real_rmtree = disk.write_data_file, fmt.write_file, shutil.rmtree
+    writing: list[int] = []  # data writers running now
+    at_cleanup: list[int] = []  # how many ran when the temporary directory was removed
+
+    def slow_data(path: Path, data: memoryview, tick: Any) -> tuple[int, int]:
+        writing.append(1)
+        started.set()
+        try:
+            release.wait(10)  # still writing when the metadata fails and the cleanup begins
+            return real_data(path, data, tick)
+        finally:
+            writing.pop()
+
+    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).name.startswith(".tmp-"):
+            at_cleanup.append(len(writing))
+        real_rmtree(path, *args, **kwargs)
+
+    def full_meta(path: Path, parts: Any) -> tuple[int, int]:
+        if path.name == fmt.META:
+            started.wait(10)
+            threading.Timer(0.2, release.set).start()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(path, parts)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(disk, "write_data_file", slow_data)
+    monkeypatch.setattr(fmt, "write_file", full_meta)
+    monkeypatch.setattr(disk.shutil, "rmtree", rmtree)
+    root = tmp_path / "ck"
+    ck = Checkpointer(dir=root, rank=0, world_size=1, async_=False, events=EventLog(tmp_path / "run", rank=0))
+    ck.save({"w": torch.ones(1 << 16)}, 1)  # sync: the failure is recorded now (1 of the allowed in a row)
+    assert at_cleanup == [0], at_cleanup  # removed once, after every data writer had ended
+    assert [p.name for p in root.iterdir() if p.name.startswith(".tmp-")] == []
+    assert [(e["step"], e["consecutive"]) for e in read_events(tmp_path / "run") if e["kind"] == "ckpt_fail"] == [(1, 1)]
