@@ -408,7 +408,7 @@ def test_a_failed_metadata_write_leaves_no_directory_while_the_data_writers_fini
 
     monkeypatch.setattr(disk, "write_data_file", slow_data)
     monkeypatch.setattr(fmt, "write_file", full_meta)
-    monkeypatch.setattr(disk.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
     root = tmp_path / "ck"
     ck = Checkpointer(dir=root, rank=0, world_size=1, async_=False, events=EventLog(tmp_path / "run", rank=0))
     ck.save({"w": torch.ones(1 << 16)}, 1)  # sync: the failure is recorded now (1 of the allowed in a row)
