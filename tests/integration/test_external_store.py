@@ -6,10 +6,11 @@
   the last checkpoint and exit 0; with a spare waiting, the spare takes the lost node's place. Where this host
   can make network namespaces (root, iproute2; CI), each node and the store are machines of their own
   (netns_cluster.py) and the loss is a machine's: the node's processes frozen, its link removed, then killed, so
-  no FIN or RST tells anyone. The survivors' workers then wait in an all-reduce for the lost rank until their
-  launchers' heartbeat.timeout (6 s here) ends them and the restart round closes without the lost node (its
-  rendezvous keep-alive stopped). Elsewhere all run on loopback and the loss kills the node's processes: the
-  kernel closes their sockets, the survivors' all-reduce fails at once, and the restart comes in about 2 s.
+  no FIN or RST tells anyone. The survivors' workers wait in an all-reduce for the lost rank until the node that
+  watches the lost one's rendezvous keep-alive (owned_rdzv: unchanged for 2 x 1 s x 3) opens the next round and
+  every launcher restarts its workers (before the watch: until heartbeat.timeout, 20 s here, 900 s by default).
+  Elsewhere all run on loopback and the loss kills the node's processes: the kernel closes their sockets, the
+  survivors' all-reduce fails at once, and the restart comes in about 2 s.
   Under torchrun the same loss ends the job: the store lives in the launcher of the rendezvous host, and the
   other nodes fail within seconds with the store's connection errors (measured for issue 42: nodes 1 and 2 of 3,
   `torchrun --nnodes 2:3`, exit 1), so there is no torchrun run here to compare with;
@@ -54,7 +55,7 @@ def _node_args(tmp: Path, i: int, endpoint: str, nnodes: str, steps: int, addr: 
     return ["-p", str(LOCAL_PROFILE), "--nnodes", nnodes, "--nproc-per-node", "1",
             "--rdzv-endpoint", endpoint, "--rdzv-id", "ext", "--local-addr", addr,
             "--set", "launch.store=external", "--rdzv-conf", "last_call_timeout=1",
-            "--set", "launch.rdzv_keep_alive=1s", "--set", "heartbeat.timeout=6s", "--run-dir", str(tmp / f"node{i}"),
+            "--set", "launch.rdzv_keep_alive=1s", "--run-dir", str(tmp / f"node{i}"),
             "--set", f"checkpoint.dir={tmp / 'ckpt'}", SCRIPT, "--steps", str(steps), "--step-time", "0.05",
             "--out", str(tmp / "final.pt")]
 
@@ -131,6 +132,7 @@ def test_losing_node_0_is_a_restart_round(tmp_path: Path, spare: bool) -> None:
         finally:
             for p in [*nodes, store]:
                 _lose(p.pid)
+        watched = m.c is not None
     for i, (code, out) in results.items():
         assert code == 0, f"node {i}:\n{out[-3000:]}"
     # Who trains after the loss: the restart round takes every node that joins before its last call (1 s); on a
@@ -146,6 +148,9 @@ def test_losing_node_0_is_a_restart_round(tmp_path: Path, spare: bool) -> None:
         assert newcomer in trainers, "the waiting spare took the lost node's place"
         assert node_step(tmp_path / f"node{newcomer}", cycle=None) == 60, "the spare trained to the end"
     assert (tmp_path / "final.pt").exists()  # rank 0 moved to a survivor and wrote it
+    if watched:  # a machine gone: the keep-alive's watch told the survivors, not their workers' heartbeats
+        logs = "".join((tmp_path / f"node{i}" / "launcher.log").read_text(errors="replace") for i in rest)
+        assert "has sent no keep-alive" in logs and "Did not get subsequent heartbeat" not in logs, logs[-3000:]
 
 
 def test_store_lost_stops_every_node_with_a_reason_and_a_restart_resumes(tmp_path: Path) -> None:
