@@ -508,7 +508,7 @@ class OwnedRendezvousHandler:
             return None
         slot = Joiner.decode(_text(self._store.get(self._keys.joiner(rnd, other)))).slot
         s = self._settings
-        return PeerWatch(slot, after=2 * s.expiry, stall=2 * s.keep_alive)
+        return PeerWatch(slot, after=2 * s.expiry, stall=2 * s.keep_alive, rnd=rnd)
 
     def _look_at(self, watch: PeerWatch, store: Any) -> None:
         """One look at the watched member's keep-alive; lost (and the job not ended): the next round opens."""
@@ -518,9 +518,9 @@ class OwnedRendezvousHandler:
             return  # a new round began meanwhile, or the job ended (its nodes stop beating as they leave)
         log.warning("rendezvous %r: the node in slot %s of round %s has sent no keep-alive for %gs: it is lost "
                     "(a machine that goes away tells no one); restarting the workers for a round without it",
-                    self._settings.run_id, watch.slot, self._round, watch.after)
+                    self._settings.run_id, watch.slot, watch.rnd, watch.after)
         self._peer_lost = True
-        store.compare_set(self._keys.opened(self._round + 1), "", "1")
+        store.compare_set(self._keys.opened(watch.rnd + 1), "", "1")
 
 
 def _second_client(store: Any) -> Any:

@@ -178,8 +178,8 @@ class PeerWatch:
     LEFT: it left on purpose (its stop, the job's end), never lost. A look `stall` seconds or more after the
     previous one (this node was stalled itself) judges nothing and starts the count again."""
 
-    def __init__(self, slot: int, after: float, stall: float) -> None:
-        self.slot, self.after, self.stall = slot, after, stall
+    def __init__(self, slot: int, after: float, stall: float, rnd: int = 0) -> None:
+        self.slot, self.after, self.stall, self.rnd = slot, after, stall, rnd  # rnd: the round it is watched in
         self._value: str | None = None
         self._since = self._looked = -1.0
 
