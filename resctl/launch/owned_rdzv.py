@@ -34,6 +34,7 @@ Ranks: a node keeps its last group rank where it can (as NVRx's handler does), n
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -500,7 +501,6 @@ class OwnedRendezvousHandler:
             except Exception as err:  # noqa: BLE001 - a missed beat is what the expiry allows for
                 log.debug("rendezvous keep-alive failed: %s", err)
 
-
     def _watch_in(self, rnd: int, index: int, size: int) -> PeerWatch | None:
         """The watch of the member after this node in round `rnd`'s arrival order (None: a world of one)."""
         other = watched(index, size)
@@ -593,12 +593,13 @@ def mark_dead(store: Any, run_id: str, slot: int) -> None:
     store.set(Keys(run_id).heartbeat(slot), DEAD)
 
 
-def mark_launcher_gone(run_dir: Any, launcher_pid: int, endpoint: str, run_id: str, died: bool) -> bool:
-    """After the launcher `launcher_pid` exited: drop its slot file and mark its slot in the rendezvous
-    store: dead when it `died`, so that the other nodes' restart round waits for no keep-alive of it to
-    expire; left after a clean exit, which NVRx 0.4's launcher says itself but NVRx >= 0.6's does not
-    when it was signalled (its node's stop), so that the other nodes' watch takes the stop for no loss.
-    False when there was nothing to do or the store could not be reached (it may have died with this node)."""
+def mark_launcher_gone(run_dir: Any, launcher_pid: int, endpoint: str, run_id: str, code: int) -> bool:
+    """After the launcher `launcher_pid` exited with `code`: drop its slot file and mark its slot in the
+    rendezvous store: dead when it was killed (code < 0), so that the other nodes' restart round waits for
+    no keep-alive of it to expire; left when it stopped on SIGTERM or SIGINT, which NVRx 0.4's launcher says
+    itself but NVRx >= 0.6's does not, so that the other nodes' watch takes this node's stop for no loss.
+    Other exits said so themselves (or closed the job). False when there was nothing to do or the store
+    could not be reached (it may have died with this node: a refused port is given up at once)."""
     from pathlib import Path
 
     from resctl.launch.rdzv_rounds import SLOT_FILE
@@ -610,19 +611,29 @@ def mark_launcher_gone(run_dir: Any, launcher_pid: int, endpoint: str, run_id: s
     except (OSError, ValueError):
         return False
     host, _, port = endpoint.rpartition(":")
-    if not port.isdigit() or int(port) == 0:
+    mark = DEAD if code < 0 else LEFT if code in (128 + signal.SIGTERM, 128 + signal.SIGINT) else None
+    if mark is None or not port.isdigit() or int(port) == 0 or not _reachable(host.strip("[]") or "localhost", int(port)):
         return False
     try:
         import torch.distributed as dist
 
         store = dist.TCPStore(host.strip("[]") or "localhost", int(port), None, False, timeout=timedelta(seconds=2))
-        if died:
-            mark_dead(store, run_id, slot)
-        else:
-            store.set(Keys(run_id).heartbeat(slot), LEFT)
+        store.set(Keys(run_id).heartbeat(slot), mark)
         return True
     except Exception as err:  # noqa: BLE001 - the store host may be gone with this node
-        log.debug("could not mark rendezvous slot %s gone: %s", slot, err)
+        log.debug("could not mark rendezvous slot %s %s: %s", slot, mark, err)
+        return False
+
+
+def _reachable(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Something listens at host:port (torch's TCPStore client retries a refused port for its whole timeout,
+    printing a C++ stack each time)."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
         return False
 
 

@@ -323,19 +323,26 @@ def test_a_member_that_goes_silent_while_the_round_trains_is_lost_to_its_watcher
 
 
 def test_resctl_run_marks_its_launchers_slot_dead_or_left(cluster: Any, port: int, tmp_path: Any) -> None:
-    """After the launcher exits, its `resctl run` says so for it: dead when it was killed, left after a clean
-    exit (NVRx >= 0.6's launcher leaves without a word when signalled: the watch must not take it for a loss)."""
+    """After the launcher exits, its `resctl run` says so for it: dead when it was killed, left when it stopped on
+    SIGTERM (NVRx >= 0.6's launcher leaves without a word then: the watch must not take it for a loss); nothing
+    after another exit, nor when the store is gone (at once: no retries of a refused port)."""
     from resctl.launch.rdzv_rounds import SLOT_FILE, Keys
 
-    c = cluster("gone", 1, 2)
-    a, b = c.node(), c.node()
-    join_all([a, b])
-    for node, died, said in ((a, True, b"dead"), (b, False, b"left")):
+    c = cluster("gone", 1, 3)
+    a, b, d = c.node(), c.node(), c.node()
+    join_all([a, b, d])
+    for node, code, said in ((a, -9, b"dead"), (b, 143, b"left")):
         node._stop_heartbeats()
         (tmp_path / SLOT_FILE.format(pid=7)).write_text(str(node._slot))
-        assert mark_launcher_gone(tmp_path, 7, f"127.0.0.1:{port}", "gone", died)
-        assert a._store.get(Keys("gone").heartbeat(node._slot)) == said
+        assert mark_launcher_gone(tmp_path, 7, f"127.0.0.1:{port}", "gone", code)
+        assert d._store.get(Keys("gone").heartbeat(node._slot)) == said
         assert not (tmp_path / SLOT_FILE.format(pid=7)).exists()
+    (tmp_path / SLOT_FILE.format(pid=8)).write_text(str(d._slot))
+    assert not mark_launcher_gone(tmp_path, 8, f"127.0.0.1:{port}", "gone", 0)
+    (tmp_path / SLOT_FILE.format(pid=9)).write_text(str(d._slot))
+    t0 = time.monotonic()
+    assert not mark_launcher_gone(tmp_path, 9, "127.0.0.1:1", "gone", -9)
+    assert time.monotonic() - t0 < 1.5, "a refused port is given up at once"
 
 
 def test_a_spare_says_so_once_and_the_state_counts_it_for_a_peers_stop(cluster: Any) -> None:
