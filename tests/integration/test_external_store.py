@@ -11,9 +11,9 @@
   every launcher restarts its workers (before the watch: until heartbeat.timeout, 20 s here, 900 s by default).
   Elsewhere all run on loopback and the loss kills the node's processes: the kernel closes their sockets, the
   survivors' all-reduce fails at once, and the restart comes in about 2 s.
-  Under torchrun the same loss ends the job: the store lives in the launcher of the rendezvous host, and the
-  other nodes fail within seconds with the store's connection errors (measured for issue 42: nodes 1 and 2 of 3,
-  `torchrun --nnodes 2:3`, exit 1), so there is no torchrun run here to compare with;
+  Under torchrun the loss of node 0 ends the job: the store lives in the launcher of the rendezvous host, and the
+  other nodes fail within seconds with the store's connection errors (issue 42's measurement: nodes 1 and 2
+  failed so), so there is no torchrun run here to compare with;
 - the store process killed: every node stops with the reason and exit 95 (never a hang), and the job
   started again against a restarted store resumes from its checkpoint.
 """
