@@ -318,7 +318,7 @@ def _after_launcher(launch_plan: LaunchPlan, pid: int, code: int) -> None:
         leftovers.remove_for(pid)
 
     if launch_plan.env.get(IMPL_ENV) == "resctl":
-        mark_launcher_gone(launch_plan.run_dir, pid, launch_plan.rendezvous.endpoint, launch_plan.run_id, code < 0)
+        mark_launcher_gone(launch_plan.run_dir, pid, launch_plan.rendezvous.endpoint, launch_plan.run_id, code)
 
 
 def _watch(launch_plan: LaunchPlan, launcher_pid: int, on_event: Callable[[str], None]) -> "Watch | None":

@@ -20,6 +20,12 @@ Per node, a round costs O(1) store requests (rules and keys: `resctl.launch.rdzv
   it left; a restart round never waits for a gone node, and one the round does not need (max_nodes
   came without it: its replacement) is not waited for at all. NVRx waits 5 s x 3 for the lost node's
   entry to expire before any restart round can start.
+- the watch, while a round trains: with each keep-alive, one `get` of one other member's heartbeat
+  (the next in arrival order: every member has one watcher). Unchanged for 2 x keep_alive x misses of
+  the watcher's own clock (`PeerWatch`), the member is lost: the watcher opens the next round and
+  answers `num_nodes_waiting` with 1, so every agent restarts its workers for a round without it.
+  A machine that goes away sends nothing (no FIN, no RST): without the watch the other nodes' workers
+  waited in a collective for it until heartbeat.timeout (900 s by default) ended them.
 
 Rounds are independent: a restart round does not need the last one's participants to leave it first.
 Ranks: a node keeps its last group rank where it can (as NVRx's handler does), new nodes fill the gaps.
@@ -28,6 +34,8 @@ Ranks: a node keeps its last group rank where it can (as NVRx's handler does), n
 from __future__ import annotations
 
 import logging
+import signal
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -42,12 +50,14 @@ from resctl.launch.rdzv_rounds import (
     Joiner,
     Keys,
     Outcome,
+    PeerWatch,
     RoundState,
     close_size,
     is_alive,
     missing_alive,
     outcome_of,
     spares_of,
+    watched,
 )
 
 
@@ -121,6 +131,8 @@ class OwnedRendezvousHandler:
         self._stop = threading.Event()
         self._beat_thread: threading.Thread | None = None
         self._beat_store: Any = None
+        self._watch: PeerWatch | None = None  # while a round trains: the member this node watches
+        self._peer_lost = False  # the watched member is lost: the agent restarts (num_nodes_waiting)
 
     # --- what the launcher calls -------------------------------------------------------------
 
@@ -137,6 +149,7 @@ class OwnedRendezvousHandler:
     def next_rendezvous(self) -> tuple[Any, int, int]:
         import torch.distributed as dist
 
+        self._watch, self._peer_lost = None, False
         self._register()
         deadline = time.monotonic() + self._settings.join_timeout
         while True:
@@ -153,6 +166,7 @@ class OwnedRendezvousHandler:
             self._round = rnd  # not a participant: the next round is a new arrival's
             self._rank = -1
         self._round, self._rank, self._outcome = rnd, outcome.ranks[index], outcome
+        self._watch = self._watch_in(rnd, index, outcome.size)
         log.info("The node (slot %s) has joined round %s of the rendezvous %r as rank %s in a world of size %s.",
                  self._slot, rnd, self._settings.run_id, self._rank, outcome.size)
         return dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{rnd}", self._base_store), self._rank, outcome.size
@@ -161,6 +175,8 @@ class OwnedRendezvousHandler:
         """Nodes that joined the round after this node's (the launcher restarts its workers for them)."""
         if self._round < 0:
             return 0
+        if self._peer_lost:  # a member of this round is lost (the watch): restart for a round without it
+            return 1
         return int(self._store.add(self._keys.joined(self._round + 1), 0))
 
     def is_closed(self) -> bool:
@@ -482,8 +498,32 @@ class OwnedRendezvousHandler:
                 waiting = self._waiting_in
                 if waiting is not None:  # help close it (the leader may be gone): max and last-call rules
                     self._try_close(waiting, leader=False, deadline=float("inf"), store=self._beat_store)
+                watch = self._watch
+                if watch is not None and not self._peer_lost:
+                    self._look_at(watch, self._beat_store)
             except Exception as err:  # noqa: BLE001 - a missed beat is what the expiry allows for
                 log.debug("rendezvous keep-alive failed: %s", err)
+
+    def _watch_in(self, rnd: int, index: int, size: int) -> PeerWatch | None:
+        """The watch of the member after this node in round `rnd`'s arrival order (None: a world of one)."""
+        other = watched(index, size)
+        if other is None:
+            return None
+        slot = Joiner.decode(_text(self._store.get(self._keys.joiner(rnd, other)))).slot
+        s = self._settings
+        return PeerWatch(slot, after=2 * s.expiry, stall=2 * s.keep_alive, rnd=rnd)
+
+    def _look_at(self, watch: PeerWatch, store: Any) -> None:
+        """One look at the watched member's keep-alive; lost (and the job not ended): the next round opens."""
+        if not watch.lost(store.get(self._keys.heartbeat(watch.slot)), time.monotonic()):
+            return
+        if watch is not self._watch or store.check([self._keys.closed]):
+            return  # a new round began meanwhile, or the job ended (its nodes stop beating as they leave)
+        log.warning("rendezvous %r: the node in slot %s of round %s has sent no keep-alive for %gs: it is lost "
+                    "(a machine that goes away tells no one); restarting the workers for a round without it",
+                    self._settings.run_id, watch.slot, watch.rnd, watch.after)
+        self._peer_lost = True
+        store.compare_set(self._keys.opened(watch.rnd + 1), "", "1")
 
 
 def _second_client(store: Any) -> Any:
@@ -556,11 +596,13 @@ def mark_dead(store: Any, run_id: str, slot: int) -> None:
     store.set(Keys(run_id).heartbeat(slot), DEAD)
 
 
-def mark_launcher_gone(run_dir: Any, launcher_pid: int, endpoint: str, run_id: str, died: bool) -> bool:
-    """After the launcher `launcher_pid` exited: drop its slot file and, when it `died` (not a clean
-    exit, which said "left" itself), mark its slot dead in the rendezvous store, so that the other
-    nodes' restart round waits for no keep-alive of it to expire. False when there was nothing to do
-    or the store could not be reached (it may have died with this node)."""
+def mark_launcher_gone(run_dir: Any, launcher_pid: int, endpoint: str, run_id: str, code: int) -> bool:
+    """After the launcher `launcher_pid` exited with `code`: drop its slot file and mark its slot in the
+    rendezvous store: dead when it was killed (code < 0), so that the other nodes' restart round waits for
+    no keep-alive of it to expire; left when it stopped on SIGTERM or SIGINT, which NVRx 0.4's launcher says
+    itself but NVRx >= 0.6's does not, so that the other nodes' watch takes this node's stop for no loss.
+    Other exits said so themselves (or closed the job). False when there was nothing to do or the store
+    could not be reached (it may have died with this node: a refused port is given up at once)."""
     path = Path(run_dir) / SLOT_FILE.format(pid=launcher_pid)
     try:
         slot = int(path.read_text())
@@ -568,16 +610,27 @@ def mark_launcher_gone(run_dir: Any, launcher_pid: int, endpoint: str, run_id: s
     except (OSError, ValueError):
         return False
     host, _, port = endpoint.rpartition(":")
-    if not died or not port.isdigit() or int(port) == 0:
+    mark = DEAD if code < 0 else LEFT if code in (128 + signal.SIGTERM, 128 + signal.SIGINT) else None
+    if mark is None or not port.isdigit() or int(port) == 0 or not _reachable(host.strip("[]") or "localhost", int(port)):
         return False
     try:
         import torch.distributed as dist
 
         store = dist.TCPStore(host.strip("[]") or "localhost", int(port), None, False, timeout=timedelta(seconds=2))
-        mark_dead(store, run_id, slot)
+        store.set(Keys(run_id).heartbeat(slot), mark)
         return True
     except Exception as err:  # noqa: BLE001 - the store host may be gone with this node
-        log.debug("could not mark rendezvous slot %s dead: %s", slot, err)
+        log.debug("could not mark rendezvous slot %s %s: %s", slot, mark, err)
+        return False
+
+
+def _reachable(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Something listens at host:port (torch's TCPStore client retries a refused port for its whole timeout,
+    printing a C++ stack each time)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
         return False
 
 

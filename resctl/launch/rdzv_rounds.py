@@ -171,6 +171,35 @@ def is_alive(value: bytes | str | None, now: float, expiry: float) -> bool:
         return False
 
 
+class PeerWatch:
+    """While a round trains: whether the member this node watches (`watched`: the next in the round's arrival
+    order, so every member has one watcher) is lost, judged on this node's own clock, never against another
+    host's: its heartbeat value has not changed for `after` seconds of this node's looks. DEAD: lost at once;
+    LEFT: it left on purpose (its stop, the job's end), never lost. A look `stall` seconds or more after the
+    previous one (this node was stalled itself) judges nothing and starts the count again."""
+
+    def __init__(self, slot: int, after: float, stall: float, rnd: int = 0) -> None:
+        self.slot, self.after, self.stall, self.rnd = slot, after, stall, rnd  # rnd: the round it is watched in
+        self._value: str | None = None
+        self._since = self._looked = -1.0
+
+    def lost(self, value: bytes | str | None, now: float) -> bool:
+        text = value.decode() if isinstance(value, bytes) else value
+        if text in (LEFT, DEAD):
+            return text == DEAD
+        stalled = self._looked >= 0 and now - self._looked >= self.stall
+        self._looked = now
+        if self._since < 0 or stalled or text != self._value:
+            self._value, self._since = text, now
+            return False
+        return now - self._since >= self.after
+
+
+def watched(index: int, size: int) -> int | None:
+    """The arrival index the member of arrival `index` watches in a round of `size` (None: alone)."""
+    return (index + 1) % size if size > 1 else None
+
+
 def missing_alive(previous: list[int], arrived: set[int], heartbeats: dict[int, bytes | str | None], now: float,
                   expiry: float) -> list[int]:
     """The previous round's member slots that have not arrived and still look alive."""

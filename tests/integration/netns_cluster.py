@@ -1,6 +1,9 @@
 """N "nodes" as network namespaces joined by a bridge in a switch namespace of their own (nothing is added to
 the host's network), each with an address 10.<net>.0.<i+1>. Helpers to slow one node's link (`tc tbf`: this
-kernel has no netem) or its CPU (a cgroup v1 CPU quota). Needs root, iproute2 and tc."""
+kernel has no netem) or its CPU (a cgroup v1 CPU quota), and to lose a node: its processes killed (`lose`:
+the kernel closes their sockets, so every peer gets a FIN or RST at once) or its machine gone (`lose_machine`:
+frozen, unplugged, then killed, so nothing it would send on the way out reaches anyone and its peers learn of
+the loss only from their own timeouts, as when a machine powers off). Needs root, iproute2 and tc."""
 
 from __future__ import annotations
 
@@ -36,6 +39,13 @@ def lose_namespace(ns: str) -> None:
     """A node gone whole, as when the machine goes: every process in namespace `ns` stopped first (none
     reacts to a parent's death, e.g. a lifeline's SIGTERM, before its own SIGKILL lands), then killed."""
     signal_namespace(ns, signal.SIGSTOP, signal.SIGKILL)
+
+
+def unavailable() -> str | None:
+    """Why this host cannot make the namespaces (None: it can)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs root, iproute2 and tc to create network namespaces"
+    return None
 
 
 class Cluster:
@@ -109,14 +119,22 @@ class Cluster:
     def lose(self, i: int) -> None:
         lose_namespace(self.names[i])
 
+    def lose_machine(self, i: int) -> None:
+        """Node i's machine gone: every process frozen, its link removed (the veth pair), then every process
+        killed: their FINs and RSTs have no way out, and the other nodes' connections to it stay open, unanswered."""
+        signal_namespace(self.names[i], signal.SIGSTOP)
+        assert _ip("-n", self.switch, "link", "del", f"s{self.tag}{i}").returncode == 0
+        signal_namespace(self.names[i], signal.SIGKILL)
+
     def kill(self, i: int) -> None:
         signal_namespace(self.names[i], signal.SIGKILL)
 
 
 @contextmanager
 def cluster(n: int) -> Iterator[Cluster]:
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-        pytest.skip("needs root, iproute2 and tc to create network namespaces")
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
     c = Cluster(uuid.uuid4().hex[:5], n)
     if _ip("netns", "add", c.switch).returncode != 0:
         pytest.skip("cannot create network namespaces here")

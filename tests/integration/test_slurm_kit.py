@@ -21,11 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from resctl.checkpoint.format import list_step_dirs, read_manifest
 from resctl.telemetry.events import read_events
 from tests.integration.slurm_cluster import SlurmCluster, missing
+from tests.integration.test_owned_rdzv import _lose
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +54,8 @@ def slurm() -> Iterator[SlurmCluster]:
         cluster.stop()
 
 
-def submit(slurm: SlurmCluster, work: Path, *sbatch_args: str, doctor: bool = True) -> str:
+def submit(slurm: SlurmCluster, work: Path, *sbatch_args: str, doctor: bool = True,
+           env: dict[str, str] | None = None) -> str:
     work.mkdir(parents=True, exist_ok=True)
     env = {
         **slurm.env,
@@ -66,6 +69,7 @@ def submit(slurm: SlurmCluster, work: Path, *sbatch_args: str, doctor: bool = Tr
         "RESCTL_LAUNCH_RDZV_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
     import subprocess
 
@@ -183,10 +187,55 @@ def test_pretimeout_signal_saves_requeues_and_resumes_then_preemption_saves(slur
     assert final["Restarts"] == "1", "the script requeues only on the pre-timeout signal"
 
 
-def test_user_scancel_stops_without_requeue(slurm: SlurmCluster, tmp_path: Path) -> None:
+def _step_of_rank_0(job: str, work: Path) -> tuple[int, str]:
+    """The `resctl run` (this job's training step) whose workers include rank 0's first, and its node."""
+    worker = next(e["pid"] for e in read_events(work / "run") if e["kind"] == "start" and e["rank"] == 0)
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if proc.info["cmdline"][1:4] != ["-m", "resctl", "run"] or proc.environ().get("SLURM_JOB_ID") != job:
+                continue
+            if worker in {c.pid for c in proc.children(recursive=True)}:
+                return proc.pid, proc.environ()["SLURMD_NODENAME"]
+        except (psutil.Error, TypeError):
+            continue
+    raise AssertionError(f"no `resctl run` of job {job} runs rank 0's worker {worker}")
+
+
+def test_node_0s_step_lost_the_other_trains_on_then_user_scancel_stops_without_requeue(slurm: SlurmCluster,
+                                                                                      tmp_path: Path) -> None:
+    """RDZV_STORE=external (the store on the batch step) and nodes 1:2: the training step of the node that runs
+    rank 0 is lost (its `resctl run` and workers frozen, then killed, as an OOM kill or a crash takes them; the
+    batch step and the store stay): the other node holds a restart round alone, rank 0 now, resumes from the
+    last checkpoint and trains on. A lost machine is not this: both slurmd of this test share one host and its
+    loopback, so nothing can unplug one of them, and Slurm itself answers a node it finds down (SlurmdTimeout)
+    by ending the whole job (NODE_FAIL) and, #SBATCH --requeue, requeueing it; the batch host's loss ends the
+    job's allocation whatever the store. Then a plain `scancel` stops the job without a requeue."""
     work = tmp_path / "job"
-    job = submit(slurm, work)  # with the doctor preflight on both nodes
-    wait_for("training past step 20", lambda: steps_reached(work) >= 20, 120, slurm, work, job)
+    store = {"RDZV_STORE": "external", "RDZV_STORE_PORT": str(free_port()), "RESCTL_LAUNCH_NNODES": "1:2",
+             "RESCTL_CHECKPOINT_INTERVAL_STEPS": "10"}
+    job = submit(slurm, work, env=store)  # with the doctor preflight on both nodes
+    wait_for("both nodes training past step 20 and a checkpoint",
+             lambda: steps_reached(work) >= 20 and newest_checkpoint(work) >= 10 and
+             {e["rank"] for e in read_events(work / "run") if e["kind"] == "start"} == {0, 1}, 120, slurm, work, job)
+    step_pid, node = _step_of_rank_0(job, work)
+    saved = newest_checkpoint(work)
+    lost_at = time.time()
+    _lose(step_pid)
+
+    def resumed() -> dict[str, Any] | None:
+        ev = [e for e in read_events(work / "run") if e["t"] > lost_at]
+        alone = [e for e in ev if e["kind"] == "start" and e["world_size"] == 1]
+        back = [e for e in ev if e["kind"] == "resume"]
+        return back[0] if alone and back and steps_reached(work) >= back[0]["step"] + 10 else None
+
+    resume = wait_for(f"the node left after {node}'s step was lost to resume alone and train 10 steps", resumed, 120,
+                      slurm, work, job)
+    assert resume["rank"] == 0 and resume["step"] >= saved, (resume, saved)
+    assert slurm.job(job)["JobState"] == "RUNNING"
+    log = (work / "out.log").read_text()
+    assert "serving the rendezvous store" in log, "the store ran on the batch step"
+    assert f"[rank 0] resumed from checkpoint step {resume['step']}" in log
+
     slurm.run("scancel", job)
     wait_for("the job to end", lambda: slurm.job(job)["JobState"] not in ("RUNNING", "COMPLETING"), 90, slurm, work)
     time.sleep(2)  # a requeue from the batch script would show up as PENDING now

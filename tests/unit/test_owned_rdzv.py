@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 
 dist = pytest.importorskip("torch.distributed")
-from resctl.launch.owned_rdzv import OwnedRendezvousHandler, _Errors, _Settings, mark_dead  # noqa: E402
+from resctl.launch.owned_rdzv import OwnedRendezvousHandler, _Errors, _Settings, mark_dead, mark_launcher_gone  # noqa: E402
 
 KEEP_ALIVE, MISSES = 0.2, 3
 
@@ -295,6 +295,54 @@ def _wait(pred: Any, timeout: float = 10) -> None:
     while not pred():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def test_a_member_that_goes_silent_while_the_round_trains_is_lost_to_its_watcher(cluster: Any) -> None:
+    """A machine gone tells no one: the member after it in arrival order sees its keep-alive stop, opens the next
+    round and asks its agent for a restart (num_nodes_waiting); the restart round closes without it. A member
+    that left (its stop, the job's end) is no loss."""
+    c = cluster("watch", 1, 3)
+    nodes = [c.node() for _ in range(3)]
+    join_all(nodes)
+    left = nodes[0]
+    left._stop_heartbeats()
+    left.remove_this_node()
+    time.sleep(2 * KEEP_ALIVE * MISSES + 4 * KEEP_ALIVE)
+    assert not any(n._peer_lost for n in nodes), "a member that left is not lost"
+    assert [n.num_nodes_waiting() for n in nodes[1:]] == [0, 0] and not nodes[1].next_round_open()
+    join_all(nodes[1:])  # the next round, of the two
+    lost, survivor = nodes[1], nodes[2]
+    lost._stop_heartbeats()  # silent: no beat, no word
+    t0 = time.monotonic()
+    _wait(lambda: survivor._peer_lost)
+    assert time.monotonic() - t0 >= 2 * KEEP_ALIVE * MISSES - KEEP_ALIVE
+    assert survivor._watch is not None and survivor._watch.slot == lost._slot
+    assert survivor.num_nodes_waiting() == 1 and survivor.next_round_open()
+    (again,) = join_all([survivor]).values()
+    assert again[1] == 1 and not survivor._peer_lost, "the restart round closed without the lost member"
+
+
+def test_resctl_run_marks_its_launchers_slot_dead_or_left(cluster: Any, port: int, tmp_path: Any) -> None:
+    """After the launcher exits, its `resctl run` says so for it: dead when it was killed, left when it stopped on
+    SIGTERM (NVRx >= 0.6's launcher leaves without a word then: the watch must not take it for a loss); nothing
+    after another exit, nor when the store is gone (at once: no retries of a refused port)."""
+    from resctl.launch.rdzv_rounds import SLOT_FILE, Keys
+
+    c = cluster("gone", 1, 3)
+    a, b, d = c.node(), c.node(), c.node()
+    join_all([a, b, d])
+    for node, code, said in ((a, -9, b"dead"), (b, 143, b"left")):
+        node._stop_heartbeats()
+        (tmp_path / SLOT_FILE.format(pid=7)).write_text(str(node._slot))
+        assert mark_launcher_gone(tmp_path, 7, f"127.0.0.1:{port}", "gone", code)
+        assert d._store.get(Keys("gone").heartbeat(node._slot)) == said
+        assert not (tmp_path / SLOT_FILE.format(pid=7)).exists()
+    (tmp_path / SLOT_FILE.format(pid=8)).write_text(str(d._slot))
+    assert not mark_launcher_gone(tmp_path, 8, f"127.0.0.1:{port}", "gone", 0)
+    (tmp_path / SLOT_FILE.format(pid=9)).write_text(str(d._slot))
+    t0 = time.monotonic()
+    assert not mark_launcher_gone(tmp_path, 9, "127.0.0.1:1", "gone", -9)
+    assert time.monotonic() - t0 < 1.5, "a refused port is given up at once"
 
 
 def test_a_spare_says_so_once_and_the_state_counts_it_for_a_peers_stop(cluster: Any) -> None:

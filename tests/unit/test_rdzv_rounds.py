@@ -10,11 +10,13 @@ from resctl.launch.rdzv_rounds import (
     Joiner,
     Keys,
     Outcome,
+    PeerWatch,
     assign_ranks,
     close_size,
     is_alive,
     missing_alive,
     outcome_of,
+    watched,
 )
 
 
@@ -73,6 +75,20 @@ def test_liveness_of_a_heartbeat() -> None:
     assert not is_alive(None, now=0, expiry=1) and not is_alive(b"garbage", now=0, expiry=1)
     beats = {1: b"99.5", 2: DEAD, 3: b"90.0"}
     assert missing_alive([0, 1, 2, 3], {0}, beats, now=100.0, expiry=3.0) == [1]
+
+
+def test_a_watched_member_is_lost_when_its_beat_stops_changing_on_the_watchers_clock() -> None:
+    w = PeerWatch(slot=4, after=6.0, stall=2.0)
+    assert not any(w.lost(f"{1000 + t}.0", now=float(t)) for t in range(20))  # beating; its clock is not ours
+    assert not any(w.lost(b"1019.0", now=float(t)) for t in range(20, 25))
+    assert w.lost(b"1019.0", now=25.0)  # unchanged for 6 s since we first saw it (at 19)
+    stalled = PeerWatch(slot=4, after=6.0, stall=2.0)
+    assert not stalled.lost(b"5.0", now=0.0) and not stalled.lost(b"5.0", now=10.0)  # we were stalled ourselves
+    assert not any(stalled.lost(b"5.0", now=float(t)) for t in range(11, 16)) and stalled.lost(b"5.0", now=16.0)
+    assert PeerWatch(1, 6.0, 2.0).lost(DEAD, now=0.0), "a member seen dead is lost at once"
+    left = PeerWatch(1, 6.0, 2.0)
+    assert not any(left.lost(LEFT.encode(), now=float(t)) for t in range(30)), "a member that left is not lost"
+    assert watched(0, 3) == 1 and watched(2, 3) == 0 and watched(0, 1) is None
 
 
 def test_keys_are_per_run_and_per_round() -> None:
