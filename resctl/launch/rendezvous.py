@@ -149,6 +149,8 @@ def _explicit(launch: Launch, env: Mapping[str, str], hostname: str, new_id: Cal
             " (launch.master_port: the workers' MASTER_PORT, as under torchrun)" if launch.master_port else "")
     endpoint = _join_endpoint(host, port)
     notes = [f"explicit endpoint {endpoint} ({why})"]
+    if "JOB_COMPLETION_INDEX" in env:  # an Indexed Job's pods reaching a store of their own (launch.store)
+        _check_index(launch, _int_env(env, "JOB_COMPLETION_INDEX"))
     run_id = _profile_run_id(launch)
     if run_id:
         notes.append(f"run id {run_id!r} from launch.rdzv_id")
@@ -206,16 +208,11 @@ def _indexed_job(launch: Launch, env: Mapping[str, str], hostname: str, root: Pa
     domain = _cluster_domain(root, namespace)
     endpoint = f"{job}-0.{launch.k8s_service}.{namespace}.svc.{domain}:{launch.rdzv_port}"
 
-    max_nodes = launch.node_range.max
     notes = [
         f"Kubernetes Indexed Job {job!r}, completion index {index} (this pod is node {index})",
         f"rank 0 at {endpoint} (Service launch.k8s_service, namespace from {ns_from})",
     ]
-    if index >= max_nodes:
-        raise UsageError(
-            f"JOB_COMPLETION_INDEX={index} but launch.nnodes = {launch.nnodes}: "
-            "set launch.nnodes to the Job's completions (= parallelism)"
-        )
+    _check_index(launch, index)
     if launch.nnodes == "1":
         notes.append("launch.nnodes = 1: set it to the Job's completions if this Job has more than one pod")
 
@@ -229,6 +226,15 @@ def _indexed_job(launch: Launch, env: Mapping[str, str], hostname: str, root: Pa
             notes.append(_UID_HINT)
     node_rank = launch.node_rank if launch.node_rank is not None else index
     return Rendezvous(endpoint, run_id, False, node_rank, None, index == 0, "kubernetes-indexed-job", tuple(notes))
+
+
+def _check_index(launch: Launch, index: int) -> None:
+    """An Indexed Job's pod at `index` is one of launch.nnodes nodes."""
+    if index >= launch.node_range.max:
+        raise UsageError(
+            f"JOB_COMPLETION_INDEX={index} but launch.nnodes = {launch.nnodes}: "
+            "set launch.nnodes to the Job's completions (= parallelism)"
+        )
 
 
 def _k8s_job_name(env: Mapping[str, str], hostname: str, index: int) -> str | None:

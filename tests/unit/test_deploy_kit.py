@@ -97,7 +97,7 @@ def test_job_is_wired_the_way_resctl_expects() -> None:
 
 def test_store_deployment_serves_what_the_nodes_connect_to(tmp_path: Path) -> None:
     """rendezvous-store.yaml: one `resctl store` (never two), off the GPU nodes, behind a Service whose port
-    is the store's; the profile with the README's two lines is one resctl accepts (every node a client)."""
+    is the store's; the kit's profile points every node at that Service as a client (the kit's default)."""
     deployment, service = render("rendezvous-store.yaml", JOB_NAME="j")
     spec = deployment["spec"]
     assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
@@ -105,12 +105,9 @@ def test_store_deployment_serves_what_the_nodes_connect_to(tmp_path: Path) -> No
     assert container["command"] == ["resctl", "store", "--listen", "0.0.0.0:29500"]
     assert service["spec"]["selector"] == spec["template"]["metadata"]["labels"]
     assert service["spec"]["ports"][0]["port"] == 29500 and service["metadata"]["name"] == "j-store"
-    (cm,) = render("profile-configmap.yaml", JOB_NAME="j")
-    text = cm["data"]["prod.toml"].replace('rdzv_endpoint = "auto"', 'store = "external"\nrdzv_endpoint = '
-                                           '"j-store.default.svc.cluster.local:29500"')
-    (tmp_path / "prod.toml").write_text(text)
-    launch = resolve(tmp_path / "prod.toml", env={}).profile.launch
-    assert launch.store == "external" and launch.rdzv_endpoint.startswith("j-store.")
+    launch = configmap_profile(tmp_path, JOB_NAME="j").launch
+    assert launch.store == "external" and launch.rdzv_endpoint == "j-store.default.svc.cluster.local:29500"
+    assert launch.endpoint is not None and launch.endpoint[1] == service["spec"]["ports"][0]["port"]
 
 
 def test_failures_are_spent_per_index() -> None:
