@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.unit.test_layers import _modules
+
 PKG = Path(__file__).resolve().parents[2] / "resctl"
 
 #: Modules whose import takes more than THRESHOLD_MS in a fresh interpreter (a submodule: on top of the package
@@ -124,16 +126,6 @@ def heavy_keys(module: str) -> frozenset[str]:
     return frozenset(found)
 
 
-def modules() -> dict[str, Path]:
-    mods = {}
-    for path in PKG.rglob("*.py"):
-        parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        mods[".".join(parts)] = path
-    return mods
-
-
 def targets(node: ast.Import | ast.ImportFrom, package: str, mods: dict[str, Path]) -> set[str]:
     """The modules an import statement loads."""
     if isinstance(node, ast.Import):
@@ -207,7 +199,7 @@ def closure_heavy(mods: dict[str, Path], parsed: dict[str, Parsed]) -> dict[str,
 
 
 def deferred_imports() -> list[Deferred]:
-    mods = modules()
+    mods = _modules()  # the layer test's map of resctl's modules to their files
     parsed = {name: parse(name, path, mods) for name, path in mods.items()}
     heavy_of = closure_heavy(mods, parsed)
     found = []
