@@ -522,8 +522,8 @@ class OwnedRendezvousHandler:
         log.warning("rendezvous %r: the node in slot %s of round %s has sent no keep-alive for %gs: it is lost "
                     "(a machine that goes away tells no one); restarting the workers for a round without it",
                     self._settings.run_id, watch.slot, watch.rnd, watch.after)
-        self._peer_lost = True
         store.compare_set(self._keys.opened(watch.rnd + 1), "", "1")
+        self._peer_lost = True  # after the round opened: whoever sees the flag sees the open round
 
 
 def _second_client(store: Any) -> Any:
