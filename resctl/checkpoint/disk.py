@@ -107,6 +107,7 @@ class Disk:
             )
             fmt.write_manifest(tmp / fmt.MANIFEST, manifest)
             fmt.fsync_dir(tmp)
+            self.wait_prune()  # the previous save's prune first: at most keep_last + 1 visible, whatever kills it
             self.publish(tmp, step)
         except BaseException:
             # The data files' writers first: one still writing (the metadata failed first, e.g. ENOSPC) would

@@ -80,6 +80,14 @@ def remove(path: Path) -> None:
         pass
 
 
+def _launcher_alive(env: Mapping[str, str]) -> bool:
+    """This process's launcher (`contract.LAUNCHER_PID` in `env`) is still its parent (True without one)."""
+    try:
+        return os.getppid() == int(env[contract.LAUNCHER_PID])
+    except (KeyError, ValueError):
+        return True
+
+
 def _trusted(path: Path) -> bytes | None:
     """The marker's bytes when this user made it in a directory only this user can write, else None
     (followed through no link: a marker or directory of another user, or a link, is not believed)."""
@@ -127,8 +135,11 @@ def mark_left(env: Mapping[str, str], pid: int, how: str) -> None:
 
 
 def _mark(env: Mapping[str, str], name: str, content: str) -> None:
+    """Write `name` beside the launcher's marker; nothing when the launcher is gone (this worker's parent is no
+    longer the PID its launcher gave it): nobody reads it then, and `resctl run` is removing the directory
+    (a file written after its clean-up kept the directory on the node: resctl.launch.leftovers)."""
     path = env.get(ENV)
-    if not path:
+    if not path or not _launcher_alive(env):
         return
     try:
         fd = os.open(Path(path).with_name(name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 import zlib
 from pathlib import Path
 from typing import Any, Iterator
@@ -123,6 +124,38 @@ def test_keep_last_prunes_older(tmp_path: Path) -> None:
     visible = sorted(p.name for p in (tmp_path / "ck").iterdir() if not p.name.startswith("."))
     assert visible == ["step-000000030", "step-000000040"]
     assert len(_hidden(tmp_path / "ck", ".")) <= 1  # at most one pruned checkpoint kept for recycling
+
+
+def test_a_publish_waits_for_the_previous_prune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Async saves whose prune thread lags (a loaded node): the next checkpoint is published only once the
+    previous save's prune is done, so a kill at any moment leaves at most keep_last + 1 visible (a CI run
+    at load 15 found keep_last + 2)."""
+    import threading
+
+    armed, release, pruning = threading.Event(), threading.Event(), threading.Event()
+    prune = disk.Disk.prune
+
+    def held(self: disk.Disk, recycle: bool = True) -> int:
+        if armed.is_set():
+            pruning.set()
+            assert release.wait(60)
+        return prune(self, recycle)
+
+    monkeypatch.setattr(disk.Disk, "prune", held)
+    ck = _ckpt(tmp_path, keep_last=2, async_=True)
+    for step in (1, 2, 3):
+        ck.save({"x": torch.full((4,), float(step))}, step)
+    ck.wait()
+    armed.set()
+    ck.save({"x": torch.full((4,), 4.0)}, 4)  # published: 2, 3, 4 visible; its prune holds
+    assert pruning.wait(60)
+    ck.save({"x": torch.full((4,), 5.0)}, 5)  # written, then waits for step 4's prune
+    time.sleep(0.5)
+    visible = [s for s, _ in fmt.list_step_dirs(tmp_path / "ck")]
+    release.set()
+    ck.wait()
+    assert sorted(visible) == [2, 3, 4], visible
+    assert sorted(s for s, _ in fmt.list_step_dirs(tmp_path / "ck")) == [4, 5]
 
 
 def test_keep_last_holds_when_every_restart_saves_once(tmp_path: Path) -> None:

@@ -72,6 +72,40 @@ def test_a_killed_launchers_directory_and_sockets_go_and_nothing_else(node: tupl
     assert leftovers.remove_for(PID) == [], "a second call finds nothing"
 
 
+def test_a_worker_whose_launcher_is_gone_writes_nothing_there(node: tuple[Path, Path]) -> None:
+    """A worker outlives its SIGKILLed launcher by its final save: its marks would land in the directory
+    `resctl run` is removing, which then stayed on the node (seen in CI). A real orphan: a grandchild whose
+    parent (its "launcher") has exited writes nothing; one whose launcher lives does."""
+    from resctl.profile import contract
+
+    marker = stop.file_for(PID)
+    env = {stop.ENV: str(marker), contract.LAUNCHER_PID: str(os.getpid())}
+    stop.mark_left(env, 11, stop.OWN)  # this process's parent is not the launcher named: nothing
+    assert stop.left(marker) == set()
+    stop.mark_left({**env, contract.LAUNCHER_PID: str(os.getppid())}, 11, stop.OWN)
+    assert stop.left(marker) == {stop.OWN}
+    stop.clear_left(marker)
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    launcher = os.fork()
+    if launcher == 0:  # the "launcher": forks its worker and exits at once (as SIGKILLed)
+        me = os.getpid()
+        if os.fork() == 0:
+            os.read(go_r, 1)  # the launcher has been reaped: this worker is an orphan now
+            for mark in (lambda e: stop.mark_left(e, 12, stop.OWN), lambda e: stop.mark_saving(e, 12)):
+                mark({**env, contract.LAUNCHER_PID: str(me)})
+            os.write(done_w, b"1")
+        os._exit(0)
+    os.waitpid(launcher, 0)
+    os.write(go_w, b"1")
+    assert os.read(done_r, 1) == b"1"
+    for fd in (go_r, go_w, done_r, done_w):
+        os.close(fd)
+    assert sorted(p.name for p in marker.parent.iterdir()) == []
+    leftovers.remove_for(PID)
+    assert not marker.parent.exists()
+
+
 def test_another_users_entries_of_the_same_names_stay(node: tuple[Path, Path], attacker: User) -> None:  # noqa: F811
     shm, tmp = node
     theirs_dir = shm / f"{stop.DIR_PREFIX}{PID}-theirs"
