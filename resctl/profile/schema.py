@@ -280,7 +280,8 @@ class Launch(Section):
     worker_start: Literal["fork", "exec"] = Field(
         "fork",
         description="fork: workers are forked from the launcher, which has imported torch once (in-job restarts in "
-        "about a second); exec: each worker is a fresh `python -m resctl.shim` that imports everything anew.",
+        "about a second); exec: each worker is a fresh `python -m resctl.shim` that imports everything anew (torch only "
+        "when the script imports it: its hooks go in then, `resctl/shim/on_import.py`).",
     )
     log_dir: Path_ = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
     redirects: StdSpec = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")

@@ -39,7 +39,7 @@ from resctl.launch.preload import LatePreload
 from resctl.patching import Patches
 from resctl.profile import contract
 from resctl.profile.schema import Profile
-from resctl.shim import agent_store, busy, ending, fork_env, forked, snapshots
+from resctl.shim import agent_store, busy, ending, fork_env, forked, on_import, snapshots
 from resctl.shim.busy import BusyClock
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
@@ -426,7 +426,25 @@ class Shim:
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
         """Hook into torch, NVRx and the process; every change is in `self.patches` (undoable).
-        Main thread only (signal handling)."""
+        Main thread only (signal handling). An exec'd worker whose interpreter has no torch yet gets torch's
+        hooks when the script imports it (`resctl.shim.on_import`): a script that never does starts without
+        it, as under torchrun (~1.7 CPU-s a worker)."""
+        if not self._torch_now():
+            self.sigterm_watcher.install(self.patches)
+            on_import.after_import("torch", lambda _torch: self._install_torch(), self.patches)
+            return
+        self._install_torch()
+        self.sigterm_watcher.install(self.patches)
+        if not (self.checkpointer is not None and self.profile.checkpoint.save_on_sigterm):
+            self.sigterm_watcher.stop_if_asked()  # no final save to make: a handed-over stop leaves now
+
+    def _torch_now(self) -> bool:
+        """Install torch's hooks before the script starts: torch is imported already (a forked worker: the
+        launcher's), the in-process wrapper runs the script (NVRx imports torch), or the launcher handed a job
+        stop over (the final save's engine must be there when it begins)."""
+        return "torch" in sys.modules or self.profile.inprocess.enabled or bool(os.environ.get(stop.JOB_STOP_ENV))
+
+    def _install_torch(self) -> None:
         import torch.distributed as dist
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -455,9 +473,6 @@ class Shim:
         self._patch_user_rank_monitor()
         self._configure_checkpoint()
         snapshots.install(self)  # after the torch.save interceptor: sees intercepted saves too
-        self.sigterm_watcher.install(self.patches)
-        if not (self.checkpointer is not None and self.profile.checkpoint.save_on_sigterm):
-            self.sigterm_watcher.stop_if_asked()  # no final save to make: a handed-over stop leaves now
 
     def open_stop_step(self) -> None:
         """A new process group: agree on stop steps through its store (the old group's is closed)."""

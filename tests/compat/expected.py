@@ -13,6 +13,8 @@ _TRACE = "the worker's traceback is not on the console (launcher.log and the sum
 _HANG_SPAWN = ("hang: Pool workers started with spawn/forkserver cannot load the script's function (__main__ "
                "is not the script's in them) and Pool.map waits forever")
 _PRELOAD = "intended (README): the shim imported torch, numpy, NVRx, psutil and resctl before the script started"
+_PRELOAD_EXEC = ("intended (README): the shim imported resctl (and pydantic) before the script started; torch and its "
+                 "hooks come when the script imports torch")
 _TITLE = "intended (README): workers are titled `resctl-worker rank=R ...` (setproctitle), so /proc/self/comm differs"
 _THREAD = "intended (README): the shim's `resctl-sigterm` thread is running when the script starts"
 _FAULT = ("intended (README): faulthandler's dump also shows the shim's thread, and its list of extension modules "
@@ -25,7 +27,7 @@ _ENV = ("intended (README): TORCHELASTIC_RUN_ID is the job's run id (the run dir
 EXPECTED: dict[str, dict[str, str]] = {
     "faulthandler_segv": {"fork": _FAULT, "exec": _FAULT},
     "env_torchelastic": {"fork": _ENV, "exec": _ENV},
-    "interpreter_state": {"fork": _PRELOAD, "exec": _PRELOAD},
+    "interpreter_state": {"fork": _PRELOAD, "exec": _PRELOAD_EXEC},
     "proc_identity": {"fork": _TITLE + "; a forked worker does not lead its own session (torchrun's workers do: "
                                "start_new_session), which also puts it in the caller's scheduler autogroup",
                       "exec": _TITLE},
