@@ -119,13 +119,15 @@ def _lost(host: StoreHost, nodes: list[Node], watches: list[Watch], window: floa
     for t in threads:
         t.start()
     stop.wait(2 * interval)  # every monitor polling
-    for x in nodes:
-        x.ops.clear()
-    host.mark()
-    t0, cpu0, polls0 = time.monotonic(), _cpu(), sum(w.polls for w in watches)
-    time.sleep(window)
-    healthy, elapsed = total(x.ops for x in nodes), time.monotonic() - t0
-    polls, cpu, sample = sum(w.polls for w in watches) - polls0, _cpu() - cpu0, host.sample()
+    peer_watches = [x.handler._watch for x in nodes]  # each node's look at the next one's keep-alive
+    assert all(w is not None for w in peer_watches), "a formed round of 2 or more: every node watches one"
+    for x in nodes:  # the load without the peer watch first (issue 42's machine loss; what it adds)
+        x.handler._watch = None
+    unwatched, elapsed0, _, _, sample0 = _healthy(host, nodes, watches, window)
+    for x, w in zip(nodes, peer_watches):
+        x.handler._watch = w
+    healthy, elapsed, polls, cpu, sample = _healthy(host, nodes, watches, window)
+    assert not any(x.handler._peer_lost for x in nodes), "a live node taken for lost"
     cpu0, t_kill = _cpu(), time.monotonic()
     host.kill()
     for t in threads:
@@ -148,10 +150,22 @@ def _lost(host: StoreHost, nodes: list[Node], watches: list[Watch], window: floa
         "detect_cpu_s": detect_cpu, "healthy_cpu_s": cpu,
         "polls_per_interval": polls / n * per_interval,
         "per_interval": {k: v * per_interval for k, v in load.items()},
-        "store": sample.__dict__,
+        "per_interval_no_watch": {k: v * interval / elapsed0 for k, v in per_participant(unwatched, n).items()},
+        "store": sample.__dict__, "store_no_watch": sample0.__dict__,
         # On N machines each node detects on its own: its poll's one failed request (the wait excluded).
         "critical_s": detect_cpu / n + RTT_S,
     }
+
+
+def _healthy(host: StoreHost, nodes: list[Node], watches: list[Watch], window: float) -> tuple[Any, float, int, float, Any]:
+    """`window` s of the formed round: (the store requests, elapsed s, monitor polls, harness CPU, store sample)."""
+    for x in nodes:
+        x.ops.clear()
+    host.mark()
+    t0, cpu0, polls0 = time.monotonic(), _cpu(), sum(w.polls for w in watches)
+    time.sleep(window)
+    ops, elapsed = total(x.ops for x in nodes), time.monotonic() - t0
+    return ops, elapsed, sum(w.polls for w in watches) - polls0, _cpu() - cpu0, host.sample()
 
 
 def replaced(n: int, port: int, keep_alive: float = 1.0, misses: int = 3) -> dict[str, Any]:

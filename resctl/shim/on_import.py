@@ -31,7 +31,8 @@ class _ThenLoader(importlib.abc.Loader):
         self._loader, self._then = loader, then
 
     def create_module(self, spec: Any) -> ModuleType | None:
-        return self._loader.create_module(spec)
+        module: ModuleType | None = self._loader.create_module(spec)
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
