@@ -49,6 +49,8 @@ def shm(tmp_path: Path) -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.nvrx_independent  # the memory tier's restore (resctl's); the launcher's restart after a SIGKILL runs on
+# both NVRx in test_recovery, and the tier's lifetime around the launcher in the test below
 def test_sigkill_at_27_resumes_from_memory_within_one_step_and_ends_bitwise_equal(tmp_path: Path, shm: Path) -> None:
     env = {"RESCTL_SHM_DIR": str(shm)}
     run(memory_job(tmp_path, "ref", 0), cwd=tmp_path, env=env)

@@ -47,6 +47,8 @@ def one_recovery(doc: dict[str, Any]) -> dict[str, Any]:
     return rec  # type: ignore[no-any-return]
 
 
+@pytest.mark.nvrx_independent  # the report's truth about a script's snapshots (the shim's, the report's); the kill
+# and restart it goes through run on both NVRx in test_the_demo_report and test_a_kill_of_rank_1_by_hand below
 @pytest.mark.parametrize("intercept", [False, True], ids=["observed", "intercepted"])
 def test_snapshot_every_10_sigkill_at_25(tmp_path: Path, intercept: bool) -> None:
     sets = ("checkpoint.intercept_torch_save=*job-snapshot.pt", f"checkpoint.dir={tmp_path / 'ckpt'}") if intercept else ()
