@@ -91,10 +91,15 @@ def test_a_worker_whose_launcher_is_gone_writes_nothing_there(node: tuple[Path, 
     if launcher == 0:  # the "launcher": forks its worker and exits at once (as SIGKILLed)
         me = os.getpid()
         if os.fork() == 0:
-            os.read(go_r, 1)  # the launcher has been reaped: this worker is an orphan now
-            for mark in (lambda e: stop.mark_left(e, 12, stop.OWN), lambda e: stop.mark_saving(e, 12)):
-                mark({**env, contract.LAUNCHER_PID: str(me)})
-            os.write(done_w, b"1")
+            said = b"0"  # an error in the orphan must not unwind into pytest's copy of itself
+            try:
+                os.read(go_r, 1)  # the launcher has been reaped: this worker is an orphan now
+                for mark in (lambda e: stop.mark_left(e, 12, stop.OWN), lambda e: stop.mark_saving(e, 12)):
+                    mark({**env, contract.LAUNCHER_PID: str(me)})
+                said = b"1"
+            finally:
+                os.write(done_w, said)
+                os._exit(0)
         os._exit(0)
     os.waitpid(launcher, 0)
     os.write(go_w, b"1")
