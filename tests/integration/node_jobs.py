@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, wait_for
+from tests.integration.jobs import EXAMPLES, LOCAL_PROFILE, events, torchrun, wait_for
 from tests.integration.netns_cluster import Cluster
 
 SCRIPT = str(EXAMPLES / "train_ckpt.py")
@@ -104,8 +104,7 @@ def ckpt_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Final state of a fault-free 2-rank run of train_ckpt.py under plain torchrun (same steps)."""
     tmp = tmp_path_factory.mktemp("spare-ref")
     env = {**ENV, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                           SCRIPT, "--steps", str(STEPS), "--out", str(tmp / "ref.pt")],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=240)
+    proc = torchrun(["--nproc-per-node", "2", "--standalone", SCRIPT, "--steps", str(STEPS), "--out", str(tmp / "ref.pt")],
+                    cwd=tmp, env=env, timeout=240)  # run again once on torch's gloo exit race (seen in CI's pass 1)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp / "ref.pt"
