@@ -433,6 +433,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
             return super()._invoke_run(*args, **kwargs)
         finally:
             self.job_stop.inside_run = False
+            LatePreload.abandon()  # the job is over (done, failed or stopped): no fork after this
 
     def _rendezvous(self, worker_group: Any) -> None:
         if rdzv_install.compat_agent_api() is not None:  # NVRx 0.4/0.5: this node's line in resctl's round
@@ -474,7 +475,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         self._seams = _ProcessContextSeams(self, self._pcontext)
         self._own_groups()
         self._own_stop_signals()
-        LatePreload.workers_started()
+        LatePreload.workers_started(len(self.live_pids()))
         self._looked = True  # a worker that ends before the first sleep ends it (`sleep_until_exit`)
 
     def _own_groups(self) -> None:
@@ -518,6 +519,8 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         result = super()._monitor_workers(worker_group)
+        if getattr(result.state, "name", "") == "SUCCEEDED":
+            LatePreload.abandon()  # no fork after this: the end need not share the GIL with the import
         self._looked = True  # the next sleep ends on a worker that exits after this look (`sleep_until_exit`)
         if (self.job_stop.signum is None and getattr(result.state, "name", "") in ("FAILED", "UNHEALTHY")
                 and self._left_on_a_peers_stop() and spares.decide_after_peer_stop(self)):

@@ -23,16 +23,13 @@ from resctl.profile import contract
 # Imported once in the launcher when workers are forked from it, so no worker pays for them again:
 # what every worker imports (torch, the shim), before the first workers start. What a script may
 # import later (torch imports torch._dynamo and sympy on the first optimizer it builds: about 1 s;
-# FSDP 0.5 s) is imported in a thread once the first workers have run `LATE_AFTER` seconds and one of them
-# said its script imported them (its first optimizer step, `resctl.launch.stop.mark_late_imports`: a script
-# that never builds an optimizer leaves the launcher without them, ~1.3 CPU-s and their memory): a
-# job's start never waits for them, nor a short job's end (the happy path is torchrun's,
-# bench/bench_happy_path.py), nor a restart that comes sooner, and workers restarted later are
-# forked with them loaded (in-job recovery in well under a second, bench/bench_recovery.py).
+# FSDP 0.5 s) is imported in a thread beside the workers, when `launch.late_preload` says
+# (`LatePreload`): a job's start never waits for it, nor its end, and workers restarted after it are
+# forked with it loaded (in-job recovery in well under a second, bench/bench_recovery.py).
 PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "resctl.shim.runtime", "resctl.checkpoint.engine",
            "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
 LATE_PRELOAD = ("torch._dynamo", "torch.distributed.fsdp")
-LATE_AFTER = 3.0  # seconds the first workers run before LATE_PRELOAD is imported beside them
+LATE_AFTER = 3.0  # after-restart: seconds a restarted cycle's workers run before LATE_PRELOAD is imported beside them
 #: While the first workers may still send their note, the launcher looks for it this often (seconds), not only
 #: once a monitor interval (5 s by default): the import then starts soon after the first step, and is over
 #: before a restart that comes a few seconds into training (which would wait for the rest of it).
@@ -40,42 +37,79 @@ LATE_LOOK = 0.5
 LATE_LOOK_FOR = 120.0  # seconds after the first workers started; past them, once a monitor interval
 
 
-class LatePreload:
-    """`LATE_PRELOAD`, imported in a thread beside running workers. Every fork of the launcher
-    (workers, rank monitors) happens in `_start_workers`, which first waits for a thread still
-    importing (a child forked while another thread is inside an import inherits that module
-    half-executed and its lock held: a deadlock or a broken module at the child's first use).
+#: launch.late_preload = "auto" imports at once where the node has this many cores beyond one per local worker.
+SPARE_CORES = 2
 
-    A restart that comes before the thread started imports nothing first (issue 31: it used to
-    import them synchronously, 3.4 s of a 4.95 s recovery on one H200): its workers import what
-    they use themselves, as the first ones did, and the clock starts again with them. A restart
-    while the thread imports still waits for the rest of it (at most the import's time, once).
-    *Not done:* starting the thread with the first workers (where a core is spare) made a short
-    job's end wait for it (re-measured on the H200 in session 9: +2 s with compiled bytecode, +4-5 s
-    without; the end's pure-Python process scan shares the GIL with the import: docs/BENCHMARKS.md,
-    issue 31); forking mid-import by abandoning the thread at a module boundary needs the modules it
-    executed forgotten, and executing them again registers torch libraries twice ("Only a single TORCH_LIBRARY can be used to register the
-    namespace ..."), seen."""
+
+def usable_cores(root: Path = Path("/")) -> int:
+    """The CPUs this process may run on: its affinity, bounded by a cgroup v2 CPU limit (`cpu.max`: a
+    Kubernetes pod's CPU limit, which the affinity does not show)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = (root / "sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def choose_mode(setting: str, cores: int, workers: int) -> str:
+    """`launch.late_preload` resolved for a node with `cores` usable CPUs and `workers` local workers."""
+    if setting in ("at-once", "after-restart"):
+        return setting
+    return "at-once" if cores - workers >= SPARE_CORES else "after-restart"
+
+
+class LatePreload:
+    """`LATE_PRELOAD`, imported in a thread beside running workers, when `launch.late_preload` says
+    (`choose_mode`): **at-once** with the first workers (where a core is spare: a kill in the job's first
+    seconds then restarts as fast as a later one, issue 43), or **after-restart**: `LATE_AFTER` seconds
+    into a restarted cycle whose worker said its script imported them (a job that never fails never pays).
+
+    Every fork of the launcher (workers, rank monitors) happens in `_start_workers`, which first waits
+    for a thread still importing (a child forked while another thread is inside an import inherits that
+    module half-executed and its lock held: a deadlock or a broken module at the child's first use).
+    A restart that comes before the thread started imports nothing first: its workers import what they
+    use themselves, and the clock starts again with them.
+
+    At the job's end the launcher abandons the import (`abandon`): the thread's next import raises, so
+    the end's pure-Python process scan does not share the GIL with it (a short job's end waited 2-4 s for
+    the import on an H200 when it was started at once before, docs/BENCHMARKS.md issue 31). Abandoning is
+    for the end only: a fork after it would inherit modules the thread left half-imported."""
 
     thread: Any = None
     started_at: float | None = None
+    mode: str | None = None
+    cycles = 0
+    abandoned = False
 
     @classmethod
     def enabled(cls) -> bool:
         return os.environ.get(contract.PRELOAD) == "1"
 
     @classmethod
-    def workers_started(cls) -> None:
+    def workers_started(cls, workers: int = 1) -> None:
+        if cls.mode is None and cls.enabled():
+            setting = contract.late_preload(contract.read_plan(p) if (p := contract.Handed.of().plan) else None)
+            cls.mode = choose_mode(setting, usable_cores(), workers)
+        cls.cycles += 1
         if cls.started_at is None:
             cls.started_at = time.monotonic()
+        if cls.mode == "at-once":
+            cls.start_now()
 
     @classmethod
     def maybe_start(cls) -> None:
-        """From the monitor loop: start the thread once the first workers have run long enough and one
-        of them imported the late modules."""
-        if cls.thread is None and cls.started_at is not None and time.monotonic() - cls.started_at >= LATE_AFTER \
-                and cls.wanted():
+        """From the monitor loop (after-restart): start the thread once a restarted cycle's workers have run
+        long enough and one of them imported the late modules."""
+        if cls.thread is None and cls.started_at is not None and cls._may_start() \
+                and time.monotonic() - cls.started_at >= LATE_AFTER and cls.wanted():
             cls.start_now()
+
+    @classmethod
+    def _may_start(cls) -> bool:
+        return cls.mode != "after-restart" or cls.cycles > 1
 
     @classmethod
     def look_within(cls, seconds: float) -> float:
@@ -84,7 +118,8 @@ class LatePreload:
         its start: with a 5 s look the import overlapped the first seconds of training, and a kill -9 there
         waited for it, ~2 s on one H200)."""
         since = cls.started_at
-        if cls.thread is None and since is not None and time.monotonic() - since < LATE_LOOK_FOR and cls.enabled():
+        if cls.thread is None and since is not None and time.monotonic() - since < LATE_LOOK_FOR and cls.enabled() \
+                and cls._may_start():
             return min(seconds, LATE_LOOK)
         return seconds
 
@@ -103,12 +138,13 @@ class LatePreload:
 
     @classmethod
     def start_now(cls) -> None:
-        """Import LATE_PRELOAD in the thread now (a spare node waiting: its first workers come later)."""
-        if cls.thread is None and cls.enabled():
+        """Import LATE_PRELOAD in the thread now (at once, or a spare node waiting: its first workers come later)."""
+        if cls.thread is None and cls.enabled() and not cls.abandoned:
             import logging
 
             logging.getLogger(__name__).info("late preload: importing %s for restarted workers", ", ".join(LATE_PRELOAD))
-            cls.thread = threading.Thread(target=_import, args=(LATE_PRELOAD,), name="resctl-preload", daemon=True)
+            cls.thread = threading.Thread(target=_import, args=(LATE_PRELOAD, _Abandoned()), name="resctl-preload",
+                                          daemon=True)
             cls.thread.start()
 
     @classmethod
@@ -117,6 +153,28 @@ class LatePreload:
             cls.thread.join()
         else:  # a restart came first: no import now; the clock starts again with the new workers
             cls.started_at = None
+
+    @classmethod
+    def abandon(cls, wait: float = 1.0) -> None:
+        """At the job's end: the thread's next import raises and it stops (waited for up to `wait` seconds,
+        the GIL then its own), so the launcher's end runs alone."""
+        cls.abandoned = True
+        thread = cls.thread
+        if thread is not None and thread.is_alive():
+            import logging
+
+            logging.getLogger(__name__).info("late preload: abandoned at the job's end")
+            thread.join(wait)
+
+
+class _Abandoned:
+    """A `sys.meta_path` finder (the import system's own extension point) for the preload thread's
+    imports: once `LatePreload.abandon` was called, each new module the thread imports raises."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if LatePreload.abandoned and threading.current_thread() is LatePreload.thread:
+            raise ImportError(f"{name}: the launcher's late preload was abandoned at the job's end")
+        return None
 
 
 ExitHandler = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -193,13 +251,21 @@ def import_torch() -> None:
         import torch  # noqa: F401  # deferred: only launchers that fork workers import it, inside the recording
 
 
-def _import(names: tuple[str, ...]) -> None:
-    with ExitHandlers.recording():
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - a worker that needs it imports it (and reports) itself
-                continue
+def _import(names: tuple[str, ...], finder: _Abandoned | None = None) -> None:
+    if finder is not None:
+        sys.meta_path.insert(0, finder)  # type: ignore[arg-type]
+    try:
+        with ExitHandlers.recording():
+            for name in names:
+                if LatePreload.abandoned:
+                    break
+                try:
+                    importlib.import_module(name)
+                except Exception:  # noqa: BLE001 - a worker that needs it imports it (and reports) itself
+                    continue
+    finally:
+        if finder is not None and finder in sys.meta_path:
+            sys.meta_path.remove(finder)  # type: ignore[arg-type]
 
 
 def preload() -> None:

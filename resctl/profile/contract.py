@@ -124,6 +124,13 @@ def _section(plan: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | N
     return section if isinstance(section, Mapping) else None
 
 
+def late_preload(plan: Mapping[str, Any] | None) -> str:
+    """plan.json's `launch.late_preload` ("auto" where absent or not one of the schema's values)."""
+    section = _section(plan, "launch")
+    value = section.get("late_preload") if section is not None else None
+    return value if value in ("at-once", "after-restart") else "auto"
+
+
 @dataclass(frozen=True)
 class CheckpointPlan:
     """What plan.json says of the job's saves (None: absent or not valid: the run's events decide)."""
