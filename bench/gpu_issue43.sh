@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 43 on one GPU (H100/H200), one device call: the job's first seconds and the constant costs, each resctl
+# beside torchrun in the same call, alternating (the benches do that), and beside the code before a change
+# (resctl@before: the checkout at $BEFORE, first on PYTHONPATH).
+#   kill:     bench_kill_resume.py ddp, 1 GPU, 50 ms steps: kill -9 after step 15 (the first seconds) and after step 100;
+#             resctl on NVRx 0.7.0 too after step 100 (resctl@0.7)
+#   happy:    bench_happy_path.py on CUDA, 1 GPU: the step (median of medians) and the no-op wall
+#   tutorial: pytorch/examples' DDP tutorial (multigpu_torchrun.py, datautils.py in $EXAMPLES), killed at epoch 100
+# Wheels (cp312, git-ignored, carried): .whl = the NVRx 0.4.1 set (bench/gpu_issue41.sh), .whl07 = NVRx 0.7.0.
+# torch's bytecode is compiled first where the image has none (a user's image has it: pip compiles at install).
+# Usage on the device: OUT=$OUT BEFORE=.gpu/before EXAMPLES=.gpu/examples bash bench/gpu_issue43.sh [parts]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site04 .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site07 .whl07/*.whl || exit 1
+export PYTHONPATH=/tmp/site04:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+BEFORE=$(realpath "${BEFORE:-.gpu/before}"); EXAMPLES=$(realpath "${EXAMPLES:-.gpu/examples}")
+TORCH=$(python3 -c "import os, torch; print(os.path.dirname(torch.__file__))")
+python3 -c "import importlib.metadata as m, torch; print('nvrx', m.version('nvidia-resiliency-ext'), 'torch', torch.__version__, torch.cuda.get_device_name(0))" 2>&1 | tail -1
+echo "cores $(nproc); torch bytecode: $(ls "$TORCH"/__pycache__ 2>/dev/null | wc -l) files in torch/__pycache__"
+if [ ! -d "$TORCH/__pycache__" ] && [ -z "${NO_COMPILE:-}" ]; then
+  t0=$(date +%s); python3 -m compileall -q -j 16 "$TORCH" "$(dirname "$TORCH")/sympy" > /dev/null 2>&1
+  echo "compiled torch and sympy's bytecode: $(( $(date +%s) - t0 )) s, exit $?"
+fi
+ROUNDS=${ROUNDS:-2}
+for part in ${*:-kill happy tutorial}; do
+  t0=$(date +%s)
+  case $part in
+    kill) for after in 15 100; do
+        launchers=torchrun,resctl,resctl@before; [ $after = 100 ] && launchers=$launchers,resctl@0.7
+        timeout ${KILL_TIMEOUT:-200} python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda --faults $ROUNDS \
+          --clean 0 --steps $((after + 25)) --kill-after $after --script-args "--step-time 0.05" --launchers $launchers \
+          --nvrx-path before=$BEFORE:/tmp/site04 --nvrx-path 0.7=/tmp/site07 > "$OUT/kill-$after.json" 2> "$OUT/kill-$after.err"
+        echo "== kill after $after: exit $?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50']['kill_to_first_step']), json.dumps(d['kill_to_first_step'])); [print(e[-300:]) for e in d.get('errors', [])]" "$OUT/kill-$after.json"
+      done;;
+    happy) echo "== happy path, cuda, 1 GPU"
+      timeout ${HAPPY_TIMEOUT:-200} python3 bench/bench_happy_path.py --repeats ${REPEATS:-5} --steps 2000 --device cuda --nproc 1 \
+        --resctl-path before=$BEFORE ${HAPPY_ARGS:-} --json "$OUT/happy.json" > "$OUT/happy.txt" 2>&1; echo "exit $?"; tail -9 "$OUT/happy.txt";;
+    tutorial) echo "== DDP tutorial, 1 GPU, kill at epoch 100"
+      timeout ${TUTORIAL_TIMEOUT:-120} python3 bench/bench_tutorial_kill.py --examples "$EXAMPLES" --rounds $ROUNDS --keep "$OUT/tutorial-runs" \
+        > "$OUT/tutorial.json" 2> "$OUT/tutorial.err"
+      echo "exit $?"; python3 -c "
+import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50']))
+[print(e[-400:]) for e in d.get('errors', [])]" "$OUT/tutorial.json";;
+  esac
+  echo "($part: $(( $(date +%s) - t0 )) s)"
+done
+cd "$OUT" && tar czf logs.tgz --exclude logs.tgz . 2>/dev/null; true
