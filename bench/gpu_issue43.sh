@@ -5,6 +5,7 @@
 #   kill:     bench_kill_resume.py ddp, 1 GPU, 50 ms steps: kill -9 after step 15 (the first seconds) and after step 100;
 #             resctl on NVRx 0.7.0 too after step 100 (resctl@0.7)
 #   happy:    bench_happy_path.py on CUDA, 1 GPU: the step (median of medians) and the no-op wall
+#   profile:  bench/gpu_step_profile.py: a tiny DDP step's phases under torchrun, resctl forked and exec'd
 #   tutorial: pytorch/examples' DDP tutorial (multigpu_torchrun.py, datautils.py in $EXAMPLES), killed at epoch 100
 # Wheels (cp312, git-ignored, carried): .whl = the NVRx 0.4.1 set (bench/gpu_issue41.sh), .whl07 = NVRx 0.7.0.
 # torch's bytecode is compiled first where the image has none (a user's image has it: pip compiles at install).
@@ -36,6 +37,11 @@ for part in ${*:-kill happy tutorial}; do
     happy) echo "== happy path, cuda, 1 GPU"
       timeout ${HAPPY_TIMEOUT:-200} python3 bench/bench_happy_path.py --repeats ${REPEATS:-5} --steps 2000 --device cuda --nproc 1 \
         --resctl-path before=$BEFORE ${HAPPY_ARGS:-} --json "$OUT/happy.json" > "$OUT/happy.txt" 2>&1; echo "exit $?"; tail -9 "$OUT/happy.txt";;
+    profile) echo "== step phases: torchrun, resctl (forked), resctl (exec'd), alternating"
+      timeout ${PROFILE_TIMEOUT:-200} python3 bench/gpu_step_profile.py --repeats ${PROFILE_REPEATS:-2} --blocks 8 --steps 200 \
+        > "$OUT/profile.json" 2> "$OUT/profile.err"
+      echo "exit $?"; cat "$OUT/profile.err" | grep -v Warning | tail -8
+      python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['summary']))" "$OUT/profile.json";;
     tutorial) echo "== DDP tutorial, 1 GPU, kill at epoch 100"
       timeout ${TUTORIAL_TIMEOUT:-120} python3 bench/bench_tutorial_kill.py --examples "$EXAMPLES" --rounds $ROUNDS --keep "$OUT/tutorial-runs" \
         > "$OUT/tutorial.json" 2> "$OUT/tutorial.err"
