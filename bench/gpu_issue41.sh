@@ -4,7 +4,7 @@
 # alternating); the straggler timing on CUDA (bench/gpu_straggler.py); the happy path's step (bench_happy_path.py).
 # Wheels (cp312, git-ignored, carried): .whl = nvidia-resiliency-ext 0.4.1, pydantic 2.11.7, pydantic-core 2.33.2,
 # annotated-types, typing-inspection, setproctitle, defusedxml, pynvml, crc32c, plotly.
-# Usage on the device: OUT=$OUT bash bench/gpu_issue41.sh [parts: stall straggler happy]
+# Usage on the device: OUT=$OUT bash bench/gpu_issue41.sh [parts: stall profile straggler happy]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site04 .whl/*.whl || exit 1
@@ -20,6 +20,14 @@ for part in ${*:-stall straggler happy}; do
         ${SPLIT---split-wait} --repeats 1 --cases ${CASES:-fsdp2:resctl,ddp:resctl,fsdp2:dcp} --launchers ${LAUNCHERS:-torchrun,resctl} \
         --json "$OUT/stall41.json" 2> "$OUT/stall41.err"
       echo "exit $?"; grep "^\[" "$OUT/stall41.err";;
+    profile) echo "== FSDP2's save call profiled (resctl run, 1 GPU, 8 x Linear(8192, 8192) + AdamW): with the memory tier (a snapshot at the save step) and without"
+      for every in 20 0; do
+        timeout ${PROFILE_TIMEOUT:-150} python3 -m resctl run --nproc-per-node 1 --run-dir /tmp/prof-$every --set checkpoint.interval_steps=20 \
+          --set checkpoint.memory_every=$every --set checkpoint.dir=/tmp/prof-ck-$every bench/scripts/fsdp_stall.py --device cuda \
+          --layers 8 --width 8192 --steps 60 --interval 20 --step-time 0.25 --split-wait --profile-save 2 > "$OUT/profile-$every.txt" 2>&1
+        echo "memory_every=$every: exit $?"; grep "^STALL" "$OUT/profile-$every.txt" | cut -c1-400
+        grep -A40 "PROFILE OF" "$OUT/profile-$every.txt" | grep -v "^ *$" | head -42 | cut -c1-160; rm -rf /tmp/prof-ck-$every
+      done;;
     straggler) echo "== stragglers on CUDA: DDP, 2 ranks on GPU 0 over gloo, rank 1 +delay after backward, then before forward"
       for where in after before; do
         timeout ${STRAGGLER_TIMEOUT:-150} python3 bench/gpu_straggler.py --device cuda --runs 1 --model ddp --where $where \

@@ -74,6 +74,20 @@ def copy_seconds(tensors: list[torch.Tensor], sync) -> float:
     return best
 
 
+def profiled(call) -> None:
+    """`call` under cProfile; its top 30 functions by cumulative time to stderr."""
+    import cProfile
+    import io
+    import pstats
+    import sys
+
+    prof = cProfile.Profile()
+    prof.runcall(call)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
+    print("PROFILE OF A SAVE\n" + out.getvalue(), file=sys.stderr, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["fsdp2", "ddp"], default="fsdp2")
@@ -89,6 +103,9 @@ def main() -> None:
     ap.add_argument("--memory-every", type=int, default=0, help="without resctl run: checkpoint.memory_every")
     ap.add_argument("--split-wait", action="store_true",
                     help="resctl: wait for the previous write first (timed apart: `waited_s`), so the stall is the staging")
+    ap.add_argument("--profile-save", type=int, default=0, metavar="N",
+                    help="cProfile the Nth save call (with the device synchronized inside) and print its top functions "
+                         "by cumulative time to stderr (rank 0)")
     ap.add_argument("--restore", action="store_true", help="after the loop: time a load (resctl: memory tier or disk)")
     args = ap.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -135,7 +152,10 @@ def main() -> None:
                     ckpt.wait()
                     waits.append(time.perf_counter() - t1)
                     t1 = time.perf_counter()
-                ckpt.maybe_save(state_of(), step)
+                if args.profile_save and len(stalls) + 1 == args.profile_save and rank == 0:
+                    profiled(lambda: (ckpt.maybe_save(state_of(), step), sync()))
+                else:
+                    ckpt.maybe_save(state_of(), step)
             else:
                 import torch.distributed.checkpoint as dcp
 
