@@ -44,7 +44,8 @@ class Private:
 
     Attributes:
         kind: "method" or "attribute" (looked up on the owner), "instance" (assigned as `self.NAME`
-            in the owner's code: an instance attribute resctl reads or writes), "module" (a private
+            in the owner's code, or declared `NAME: Type` in its body: an instance attribute resctl reads
+            or writes), "module" (a private
             module `owner.NAME`).
         series: the ft_launcher series ("0.4", "0.6+") whose code has it; both when ("0.4", "0.6+").
         checked: NVRx releases it was verified on.
@@ -188,6 +189,8 @@ NAMES: tuple[Private, ...] = (
          "a persistent iterator's sampler, replaced on resume (checkpoint/datapass.py)"),
         ("torch.nn.parallel:DistributedDataParallel", "_check_comm_hook", "method",
          "the script's own comm hook checked as DDP checks it (shim/busy.py)"),
+        ("torch.distributed.tensor:DTensor", "_spec", "instance",
+         "a staged shard's DTensor over host memory takes its source's spec, as FSDP2 builds its own (checkpoint/sharded.py)"),
         ("torch.distributed.tensor", "_random", "module", "DTensor's RNG state (shim/fresh.py)"),
         ("torch.distributed.tensor._random", "_rng_tracker", "attribute",
          "reset before an in-process restart (shim/fresh.py)"),
@@ -219,7 +222,8 @@ def _assigned(cls: type, name: str) -> bool:
     other = r"self\.\w+\s*,\s*"  # `self.a, self.NAME = ...` assigns it too
     pattern = re.compile(rf"^\s*(?:{other})*self\.{re.escape(name)}\s*(?::[^=\n]+)?(?:,\s*self\.\w+\s*)*=(?!=)",
                          re.MULTILINE)
-    return any(pattern.search(_source(klass)) for klass in inspect.getmro(cls))
+    return any(name in vars(klass).get("__annotations__", {}) or pattern.search(_source(klass))
+               for klass in inspect.getmro(cls))  # declared (`NAME: Type` in the body) or assigned
 
 
 def _unloaded_source(module: str) -> Path | None:

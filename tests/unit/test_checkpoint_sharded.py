@@ -336,3 +336,50 @@ def test_fsdp2_rank_of_a_lost_node_restores_its_shards_from_the_buddys_copy(tmp_
     loads = {e["rank"]: e for e in read_events(tmp_path / "ev-resume") if e["kind"] == "ckpt_load"}
     assert (loads[0]["tier"], loads[1]["tier"]) == ("memory", "buddy"), loads
     assert loads[0]["step"] == loads[1]["step"] == 4, loads
+
+
+OFF_HOST = textwrap.dedent(
+    """
+    import os, sys, warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+    from resctl.checkpoint import Checkpointer
+
+    dist.init_process_group("gloo")
+    # The state's mesh is not on the host's device (a GPU's, absent here: "meta" stands in), its shard in host memory
+    mesh = DeviceMesh("meta", torch.tensor([0]), _init_backend=False)
+    spec = DTensor.from_local(torch.empty(4, 3, device="meta"), mesh, [Shard(0)], run_check=False)._spec
+    full = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    w = DTensor(full.clone(), spec, requires_grad=False)
+    ck = Checkpointer(dir=sys.argv[1], writers=1, keep_last=3)
+    for step in (1, 2, 3):
+        ck.save({"w": {"weight": w}}, step)
+        ck.wait()
+        w.to_local().add_(100.0)
+    w.to_local().zero_()
+    assert ck.load({"w": {"weight": w}}) == 3
+    assert torch.equal(w.to_local(), full + 200.0), w.to_local()  # step 3's bytes, not step 1's
+    dist.destroy_process_group()
+    os._exit(0)
+    """
+)
+
+
+def test_shards_of_a_mesh_on_another_device_are_written_from_the_host_copy_at_every_save(tmp_path: Path) -> None:
+    """The staged DTensors stand over the host copy whatever the mesh's device: `DTensor.from_local` moved them to
+    it (on a GPU: a device copy of the whole state at the first save, which the kept wrappers then wrote at every
+    later save; here the move loses the bytes)."""
+    pytest.importorskip("numpy", reason="torch.distributed.checkpoint needs numpy for object collectives")
+    script = tmp_path / "off_host.py"
+    script.write_text(OFF_HOST)
+    port = free_port()
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESCTL_")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+               OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ck")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
