@@ -4,7 +4,7 @@
 # alternating); the straggler timing on CUDA (bench/gpu_straggler.py); the happy path's step (bench_happy_path.py).
 # Wheels (cp312, git-ignored, carried): .whl = nvidia-resiliency-ext 0.4.1, pydantic 2.11.7, pydantic-core 2.33.2,
 # annotated-types, typing-inspection, setproctitle, defusedxml, pynvml, crc32c, plotly.
-# Usage on the device: OUT=$OUT bash bench/gpu_issue41.sh [parts: stall profile straggler happy]
+# Usage on the device: OUT=$OUT bash bench/gpu_issue41.sh [parts: stall profile verify straggler happy]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site04 .whl/*.whl || exit 1
@@ -27,6 +27,16 @@ for part in ${*:-stall straggler happy}; do
           --layers 8 --width 8192 --steps 60 --interval 20 --step-time 0.25 --split-wait --profile-save 2 > "$OUT/profile-$every.txt" 2>&1
         echo "memory_every=$every: exit $?"; grep "^STALL" "$OUT/profile-$every.txt" | cut -c1-400
         grep -A40 "PROFILE OF" "$OUT/profile-$every.txt" | grep -v "^ *$" | head -42 | cut -c1-160; rm -rf /tmp/prof-ck-$every
+      done;;
+    verify) echo "== FSDP2 saves written and loaded back (resctl run, 1 GPU, 8 x Linear(8192, 8192) + AdamW, a save every 20 of 60 steps): the disk checkpoint of step 60 against the state, with the code before (BEFORE41) and now; the memory tier's restore now"
+      for case in before:0 now:0 now:20; do
+        tree=${case%%:*}; every=${case##*:}; path=$PWD; [ $tree = before ] && path=$(realpath ${BEFORE41:-.gpu/before41}):$PWD
+        PYTHONPATH=/tmp/site04:$path timeout ${VERIFY_TIMEOUT:-120} python3 -m resctl run --nproc-per-node 1 --run-dir /tmp/v-$tree-$every \
+          --set checkpoint.interval_steps=20 --set checkpoint.memory_every=$every --set checkpoint.dir=/tmp/v-ck-$tree-$every \
+          bench/scripts/fsdp_stall.py --device cuda --layers 8 --width 8192 --steps ${VERIFY_STEPS:-60} --interval 20 --step-time 0.25 \
+          --split-wait --restore > "$OUT/verify-$tree-$every.txt" 2>&1
+        echo "$tree, memory_every=$every: exit $?"; grep "^STALL" "$OUT/verify-$tree-$every.txt" | cut -c1-600
+        grep -h "ckpt_load" /tmp/v-$tree-$every/events-rank0.jsonl 2>/dev/null | tail -1 | cut -c1-300; rm -rf /tmp/v-ck-$tree-$every
       done;;
     straggler) echo "== stragglers on CUDA: DDP, 2 ranks on GPU 0 over gloo, rank 1 +delay after backward, then before forward"
       for where in after before; do

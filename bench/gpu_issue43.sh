@@ -6,6 +6,7 @@
 #             resctl on NVRx 0.7.0 too after step 100 (resctl@0.7)
 #   happy:    bench_happy_path.py on CUDA, 1 GPU: the step (median of medians) and the no-op wall
 #   profile:  bench/gpu_step_profile.py: a tiny DDP step's phases under torchrun, resctl forked and exec'd
+#   noop:     bench/noop_timeline.py: a no-op job's wall beside torchrun, and resctl's own timeline of it
 #   tutorial: pytorch/examples' DDP tutorial (multigpu_torchrun.py, datautils.py in $EXAMPLES), killed at epoch 100
 # Wheels (cp312, git-ignored, carried): .whl = the NVRx 0.4.1 set (bench/gpu_issue41.sh), .whl07 = NVRx 0.7.0.
 # torch's bytecode is compiled first where the image has none (a user's image has it: pip compiles at install).
@@ -42,6 +43,9 @@ for part in ${*:-kill happy tutorial}; do
         > "$OUT/profile.json" 2> "$OUT/profile.err"
       echo "exit $?"; cat "$OUT/profile.err" | grep -v Warning | tail -8
       python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['summary']))" "$OUT/profile.json";;
+    noop) echo "== a no-op job's timeline, torchrun and resctl alternating"
+      timeout ${NOOP_TIMEOUT:-120} python3 bench/noop_timeline.py --rounds ${NOOP_ROUNDS:-3} --importtime > "$OUT/noop.txt" 2>&1
+      echo "exit $?"; cat "$OUT/noop.txt" | cut -c1-200;;
     tutorial) echo "== DDP tutorial, 1 GPU, kill at epoch 100"
       timeout ${TUTORIAL_TIMEOUT:-120} python3 bench/bench_tutorial_kill.py --examples "$EXAMPLES" --rounds $ROUNDS --keep "$OUT/tutorial-runs" \
         > "$OUT/tutorial.json" 2> "$OUT/tutorial.err"
