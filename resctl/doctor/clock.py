@@ -12,11 +12,11 @@ Verdicts:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import time
 
 from resctl.doctor.context import Context
 from resctl.doctor.result import Check, Status
+from resctl.launch.lifeline import libc
 
 TIME_ERROR = 5
 STA_UNSYNC = 0x0040
@@ -37,9 +37,8 @@ class _Timex(ctypes.Structure):
 
 def adjtimex() -> tuple[int, int, int]:
     """(state, status bits, max error in microseconds) from a read-only adjtimex(2)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     tx = _Timex()
-    state = libc.adjtimex(ctypes.byref(tx))
+    state = libc().adjtimex(ctypes.byref(tx))
     if state < 0:
         raise OSError(ctypes.get_errno(), "adjtimex failed")
     return state, tx.status, tx.maxerror

@@ -27,7 +27,7 @@ def die_with_parent(sig: int, expected_parent: int | None = None) -> bool:
     process whose parent is not (or no longer) that one signals itself at once."""
     parent = os.getppid()
     try:
-        if _libc().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        if libc().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             return False
     except (OSError, AttributeError):
         return False
@@ -37,8 +37,9 @@ def die_with_parent(sig: int, expected_parent: int | None = None) -> bool:
     return True
 
 
-def _libc() -> ctypes.CDLL:
-    # glibc's name first: `find_library` runs `ldconfig -p` in a subprocess (tens of ms per worker start).
+def libc() -> ctypes.CDLL:
+    """The C library, by glibc's name first: `find_library` runs `ldconfig -p` in a subprocess (a fork of a
+    process that has torch loaded: tens of ms on every worker start)."""
     try:
         return ctypes.CDLL("libc.so.6", use_errno=True)
     except OSError:

@@ -9,7 +9,8 @@ train.py`. `setproctitle` rewrites what `ps -ef`/`pgrep -f` show; the kernel's s
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+
+from resctl.launch.lifeline import libc
 
 _PR_SET_NAME = 15
 
@@ -22,8 +23,7 @@ def set_title(title: str) -> None:
     except Exception:  # noqa: BLE001 - not installed, or no argv to rewrite: the short name still helps
         pass
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(title.encode()[:15]), 0, 0, 0)
+        libc().prctl(_PR_SET_NAME, ctypes.c_char_p(title.encode()[:15]), 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
