@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
 import inspect
 import platform
 import re
@@ -189,7 +190,7 @@ NAMES: tuple[Private, ...] = (
          "a persistent iterator's sampler, replaced on resume (checkpoint/datapass.py)"),
         ("torch.nn.parallel:DistributedDataParallel", "_check_comm_hook", "method",
          "the script's own comm hook checked as DDP checks it (shim/busy.py)"),
-        ("torch.distributed.tensor:DTensor", "_spec", "instance",
+        ("torch.distributed.tensor._api:DTensor", "_spec", "instance",
          "a staged shard's DTensor over host memory takes its source's spec, as FSDP2 builds its own (checkpoint/sharded.py)"),
         ("torch.distributed.tensor", "_random", "module", "DTensor's RNG state (shim/fresh.py)"),
         ("torch.distributed.tensor._random", "_rng_tracker", "attribute",
@@ -218,10 +219,14 @@ def _source(klass: type) -> str:
         return ""
 
 
-def _assigned(cls: type, name: str) -> bool:
+def _assignment(name: str) -> re.Pattern[str]:
     other = r"self\.\w+\s*,\s*"  # `self.a, self.NAME = ...` assigns it too
-    pattern = re.compile(rf"^\s*(?:{other})*self\.{re.escape(name)}\s*(?::[^=\n]+)?(?:,\s*self\.\w+\s*)*=(?!=)",
-                         re.MULTILINE)
+    return re.compile(rf"^\s*(?:{other})*self\.{re.escape(name)}\s*(?::[^=\n]+)?(?:,\s*self\.\w+\s*)*=(?!=)",
+                      re.MULTILINE)
+
+
+def _assigned(cls: type, name: str) -> bool:
+    pattern = _assignment(name)
     return any(name in vars(klass).get("__annotations__", {}) or pattern.search(_source(klass))
                for klass in inspect.getmro(cls))  # declared (`NAME: Type` in the body) or assigned
 
@@ -234,7 +239,11 @@ def _unloaded_source(module: str) -> Path | None:
     parts = module.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         package = sys.modules.get(".".join(parts[:cut]))
-        for base in getattr(package, "__path__", None) or ():
+        bases = getattr(package, "__path__", None) or ()
+        if cut == 1 and not bases:  # not even the top package imported: where the path finder would find it
+            spec = importlib.machinery.PathFinder.find_spec(parts[0])
+            bases = (spec.submodule_search_locations or ()) if spec is not None else ()
+        for base in bases:
             where = Path(base, *parts[cut:])
             for candidate in (where.with_suffix(".py"), where / "__init__.py"):
                 if candidate.is_file():
@@ -246,8 +255,13 @@ def _in_unloaded(entry: Private) -> bool | None:
     """Whether a module-level name (or a module) is in the installed source of a module not imported yet; None
     when the module is imported (look it up) or not found by its path (import it)."""
     module, _, qualname = entry.owner.partition(":")
-    if qualname:
-        return None
+    if qualname:  # a class's instance attribute, in its module's source: assigned, or declared in the class body
+        source = _unloaded_source(module) if entry.kind == "instance" else None
+        if source is None:
+            return None
+        text = source.read_text(encoding="utf-8", errors="replace")
+        declared = re.search(rf"^\s+{re.escape(entry.name)}\s*:[^=\n]+$", text, re.MULTILINE)
+        return declared is not None or _assignment(entry.name).search(text) is not None
     if entry.kind == "module":
         full = f"{module}.{entry.name}"
         return True if full in sys.modules or _unloaded_source(full) is not None else None

@@ -3,6 +3,7 @@ real DCP saves and loads (one process, no process group), real events files, the
 
 from __future__ import annotations
 
+import time
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
@@ -52,6 +53,15 @@ def quiet() -> Any:
         yield
 
 
+def _persist_noted(run: Path, patience: float = 30.0) -> None:
+    """Until the future's done callback has written `ckpt_persist`: `result()` returns as soon as the result is
+    set, before the callbacks run (in the writer's thread), and a shim uninstalled first never writes it (seen in
+    CI at load)."""
+    deadline = time.monotonic() + patience
+    while not any(e["kind"] == "ckpt_persist" for e in read_run(run)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_saves_are_counted_and_a_load_resumes_at_the_directorys_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
     first = shim(run)
@@ -65,6 +75,7 @@ def test_saves_are_counted_and_a_load_resumes_at_the_directorys_step(tmp_path: P
         pending = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp_path / "step-20"))
         assert isinstance(pending, Future)
         pending.result()
+        _persist_noted(run)
     finally:
         first.uninstall()
     second = shim(run, cycle=1)
