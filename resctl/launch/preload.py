@@ -29,7 +29,7 @@ from resctl.profile import contract
 PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch.nn", "resctl.shim.runtime", "resctl.checkpoint.engine",
            "nvidia_resiliency_ext.fault_tolerance.rank_monitor_client")
 LATE_PRELOAD = ("torch._dynamo", "torch.distributed.fsdp")
-LATE_AFTER = 3.0  # after-restart: seconds a restarted cycle's workers run before LATE_PRELOAD is imported beside them
+LATE_AFTER = 3.0  # late, after-restart: seconds a cycle's workers run before LATE_PRELOAD is imported beside them
 #: While the first workers may still send their note, the launcher looks for it this often (seconds), not only
 #: once a monitor interval (5 s by default): the import then starts soon after the first step, and is over
 #: before a restart that comes a few seconds into training (which would wait for the rest of it).
@@ -56,16 +56,18 @@ def usable_cores(root: Path = Path("/")) -> int:
 
 def choose_mode(setting: str, cores: int, workers: int) -> str:
     """`launch.late_preload` resolved for a node with `cores` usable CPUs and `workers` local workers."""
-    if setting in ("at-once", "after-restart"):
+    if setting in ("at-once", "late", "after-restart"):
         return setting
-    return "at-once" if cores - workers >= SPARE_CORES else "after-restart"
+    return "at-once" if cores - workers >= SPARE_CORES else "late"
 
 
 class LatePreload:
     """`LATE_PRELOAD`, imported in a thread beside running workers, when `launch.late_preload` says
     (`choose_mode`): **at-once** with the first workers (where a core is spare: a kill in the job's first
-    seconds then restarts as fast as a later one, issue 43), or **after-restart**: `LATE_AFTER` seconds
-    into a restarted cycle whose worker said its script imported them (a job that never fails never pays).
+    seconds then restarts as fast as a later one, issue 43); **late**: `LATE_AFTER` seconds into a cycle
+    whose worker said its script imported them (its first optimizer step; where no core is spare, the import
+    then does not compete with the workers' start); **after-restart**: the same, from a restarted cycle on
+    (a job that never fails never pays for it).
 
     Every fork of the launcher (workers, rank monitors) happens in `_start_workers`, which first waits
     for a thread still importing (a child forked while another thread is inside an import inherits that
@@ -101,8 +103,8 @@ class LatePreload:
 
     @classmethod
     def maybe_start(cls) -> None:
-        """From the monitor loop (after-restart): start the thread once a restarted cycle's workers have run
-        long enough and one of them imported the late modules."""
+        """From the monitor loop (late, after-restart): start the thread once a cycle's workers have run long
+        enough and one of them imported the late modules."""
         if cls.thread is None and cls.started_at is not None and cls._may_start() \
                 and time.monotonic() - cls.started_at >= LATE_AFTER and cls.wanted():
             cls.start_now()

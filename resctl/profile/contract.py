@@ -128,7 +128,7 @@ def late_preload(plan: Mapping[str, Any] | None) -> str:
     """plan.json's `launch.late_preload` ("auto" where absent or not one of the schema's values)."""
     section = _section(plan, "launch")
     value = section.get("late_preload") if section is not None else None
-    return value if value in ("at-once", "after-restart") else "auto"
+    return value if value in ("at-once", "late", "after-restart") else "auto"
 
 
 @dataclass(frozen=True)

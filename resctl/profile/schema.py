@@ -283,14 +283,14 @@ class Launch(Section):
         "about a second); exec: each worker is a fresh `python -m resctl.shim` that imports everything anew (torch only "
         "when the script imports it: its hooks go in then, `resctl/shim/on_import.py`).",
     )
-    late_preload: Literal["auto", "at-once", "after-restart"] = Field(
+    late_preload: Literal["auto", "at-once", "late", "after-restart"] = Field(
         "auto",
         description="worker_start = \"fork\": when the launcher imports what a script imports at its first optimizer "
         "(torch._dynamo, FSDP: 1-3 CPU-s) so that restarted workers are forked with it. at-once: beside the first "
         "workers (a kill in the job's first seconds restarts as fast as a later one; the launcher abandons the import "
-        "at the job's end). after-restart: only once the job has restarted (a job that never fails never pays for "
-        "it). auto: at-once where the node has 2 cores to spare beyond one per local worker (its CPU affinity and "
-        "cgroup limit), else after-restart.",
+        "at the job's end). late: 3 s into the workers' run, once one said its script imported them. after-restart: "
+        "the same, only once the job has restarted (a job that never fails never pays for it). auto: at-once where "
+        "the node has 2 cores to spare beyond one per local worker (its CPU affinity and cgroup limit), else late.",
     )
     log_dir: Path_ = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
     redirects: StdSpec = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")

@@ -1,7 +1,7 @@
-"""The launcher's late preload (resctl.launch.preload, `launch.late_preload`): after-restart (auto on a node
-without spare cores, as CI's) imports torch._dynamo and FSDP for restarted workers only once the job has
-restarted and a worker's script imported them; at-once imports them beside the first workers, whatever the
-script, and the job still ends at once."""
+"""The launcher's late preload (resctl.launch.preload, `launch.late_preload`): late (auto on a node without
+spare cores, as CI's) imports torch._dynamo and FSDP when a worker's script did and only then; after-restart
+only once the job has restarted; at-once beside the first workers, whatever the script, and the job still
+ends at once."""
 
 from __future__ import annotations
 
@@ -33,6 +33,15 @@ def test_after_restart_only_a_job_that_restarted_imports_them(tmp_path: Path) ->
     # the same job, rank 0 killed at step 5: its restarted workers' note starts the import
     log = _launcher_log(tmp_path, "killed", TRAIN, ("launch.late_preload=after-restart",), faults="sigkill@5:0")
     assert "sigkill" in log.lower() or "restart" in log.lower(), log[-3000:]
+    assert SAID in log, log[-3000:]
+
+
+def test_late_imports_them_when_a_worker_did_and_only_then(tmp_path: Path) -> None:
+    idle = tmp_path / "idle.py"  # torch and a process group, no optimizer, past LATE_AFTER (3 s)
+    idle.write_text("import time\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
+                    "time.sleep(6)\ndist.destroy_process_group()\n")
+    assert SAID not in _launcher_log(tmp_path, "idle-late", [str(idle)], ("launch.late_preload=late",))
+    log = _launcher_log(tmp_path, "train-late", TRAIN, ("launch.late_preload=late",))
     assert SAID in log, log[-3000:]
 
 

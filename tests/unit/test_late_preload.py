@@ -113,9 +113,9 @@ def test_the_monitor_looks_for_the_note_often_while_it_may_come(late: tuple[str,
 
 
 @pytest.mark.parametrize(("setting", "cores", "workers", "mode"), [
-    ("auto", 2, 1, "after-restart"), ("auto", 2, 2, "after-restart"), ("auto", 3, 1, "at-once"),
-    ("auto", 16, 8, "at-once"), ("auto", 192, 8, "at-once"), ("auto", 8, 8, "after-restart"),
-    ("at-once", 1, 4, "at-once"), ("after-restart", 192, 1, "after-restart")])
+    ("auto", 2, 1, "late"), ("auto", 2, 2, "late"), ("auto", 3, 1, "at-once"),
+    ("auto", 16, 8, "at-once"), ("auto", 192, 8, "at-once"), ("auto", 8, 8, "late"),
+    ("at-once", 1, 4, "at-once"), ("after-restart", 192, 1, "after-restart"), ("late", 192, 1, "late")])
 def test_the_mode_follows_the_spare_cores_unless_the_profile_says(setting: str, cores: int, workers: int,
                                                                   mode: str) -> None:
     assert preload.choose_mode(setting, cores, workers) == mode
