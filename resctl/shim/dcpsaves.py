@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, ContextManager, Protocol
@@ -137,6 +138,7 @@ def _wrap(tracker: Tracker, patches: Patches) -> None:
             tracker.loaded(path, time.monotonic() - t0, identity=os.path.join(path, METADATA), source="dcp.load")
         return result
 
+    patches.on_undo(settle)
     for name, wrapper, orig in (("save", save, orig_save), ("async_save", async_save, orig_async),
                                 ("load", load, orig_load)):
         wrapper.__doc__ = orig.__doc__
@@ -165,7 +167,36 @@ def staged(events: Events, path: str, step: int, t0: float, future: Any) -> None
     events.emit("ckpt_stall", step=step, seconds=round(now - t0, 6), waited=0.0, path=path)
     events.emit("snapshot", step=step, path=path, seconds=round(now - t0, 6), bytes=None, file_id=None, pending=True)
     if isinstance(future, Future):
-        future.add_done_callback(_on_done(events, path, step, now))
+        done = _once(future, _on_done(events, path, step, now))
+        future.add_done_callback(done)
+
+
+#: Staged async saves whose `ckpt_persist` is not written yet, by id of their future: `Future.result()` returns as
+#: soon as the result is set, before the done callbacks run in the writer's thread, so a script that waits for its
+#: save and ends at once would leave the report without it; `settle` writes it at the worker's end.
+_PENDING: dict[int, tuple[Future[Any], Callable[[Future[Any]], None]]] = {}
+_LOCK = threading.Lock()
+
+
+def _once(future: Future[Any], write: Callable[[Future[Any]], None]) -> Callable[[Future[Any]], None]:
+    def done(fut: Future[Any]) -> None:
+        with _LOCK:
+            if _PENDING.pop(id(fut), None) is None:
+                return  # settled already
+        write(fut)
+
+    with _LOCK:
+        _PENDING[id(future)] = (future, done)
+    return done
+
+
+def settle() -> None:
+    """Write the `ckpt_persist` of every staged save whose future is done but whose callback has not run yet
+    (the worker ends, or the shim is undone): once each, whoever comes first."""
+    with _LOCK:
+        ready = [(fut, done) for fut, done in _PENDING.values() if fut.done()]
+    for fut, done in ready:
+        done(fut)
 
 
 def _on_done(events: Events, path: str, step: int, staged_at: float) -> Callable[[Future[Any]], None]:

@@ -39,7 +39,7 @@ from resctl.launch.preload import LatePreload
 from resctl.patching import Patches
 from resctl.profile import contract
 from resctl.profile.schema import Profile
-from resctl.shim import agent_store, busy, ending, fork_env, forked, on_import, snapshots
+from resctl.shim import agent_store, busy, dcpsaves, ending, fork_env, forked, on_import, snapshots
 from resctl.shim.busy import BusyClock
 from resctl.shim.faults import FaultPlan, InjectedFault
 from resctl.shim.signals import SigtermWatcher
@@ -406,6 +406,7 @@ class Shim:
             os._exit(EXIT_SIGTERM)
 
     def finish(self, status: str) -> None:
+        dcpsaves.settle()  # the script's own async DCP saves that are durable, before the end
         self.events.emit("end", status=status, step=self.step)
         self.heartbeats.close()  # first: a wait below must not read as a hung rank
         if self.stop_step is not None and status != "sigterm":  # a stopping rank's wait has ended already

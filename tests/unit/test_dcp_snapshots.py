@@ -53,15 +53,6 @@ def quiet() -> Any:
         yield
 
 
-def _persist_noted(run: Path, patience: float = 30.0) -> None:
-    """Until the future's done callback has written `ckpt_persist`: `result()` returns as soon as the result is
-    set, before the callbacks run (in the writer's thread), and a shim uninstalled first never writes it (seen in
-    CI at load)."""
-    deadline = time.monotonic() + patience
-    while not any(e["kind"] == "ckpt_persist" for e in read_run(run)) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 def test_saves_are_counted_and_a_load_resumes_at_the_directorys_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
     first = shim(run)
@@ -74,8 +65,7 @@ def test_saves_are_counted_and_a_load_resumes_at_the_directorys_step(tmp_path: P
         msd, osd = get_state_dict(model, opt)
         pending = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp_path / "step-20"))
         assert isinstance(pending, Future)
-        pending.result()
-        _persist_noted(run)
+        pending.result()  # returns before the future's done callbacks run: the shim's undo settles them
     finally:
         first.uninstall()
     second = shim(run, cycle=1)
@@ -123,3 +113,28 @@ def test_only_local_directories(tmp_path: Path) -> None:
     assert checkpoint_dir(None, dcp.FileSystemWriter(str(tmp_path / "w"))) == str(tmp_path / "w")
     assert checkpoint_dir(tmp_path / "x", None) == str(tmp_path / "x")
     assert checkpoint_dir(None, object()) is None
+
+
+def test_a_durable_async_save_is_recorded_even_when_the_worker_ends_before_its_callback(tmp_path: Path) -> None:
+    """`Future.result()` returns once the result is set, before the done callbacks run in the writer's thread: a
+    worker that ends right after it settles the save's `ckpt_persist` itself, and the late callback adds none."""
+    import threading
+
+    from resctl.shim import dcpsaves
+    from resctl.telemetry.events import EventLog
+
+    run = tmp_path / "run"
+    events = EventLog(run, 0, 0)
+    future: Future[None] = Future()
+    gate = threading.Event()
+    future.add_done_callback(lambda _: gate.wait(30))  # a callback ahead of the shim's, still running
+    (tmp_path / "ck").mkdir()
+    dcpsaves.staged(events, str(tmp_path / "ck"), 7, time.monotonic(), future)
+    writer = threading.Thread(target=future.set_result, args=(None,))
+    writer.start()
+    future.result(timeout=30)  # the script's wait returns; the shim's callback has not run
+    assert not any(e["kind"] == "ckpt_persist" for e in read_run(run))
+    dcpsaves.settle()  # the worker's end
+    gate.set()
+    writer.join(30)
+    assert [(e["kind"], e["step"]) for e in read_run(run) if e["kind"] == "ckpt_persist"] == [("ckpt_persist", 7)]
