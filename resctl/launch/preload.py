@@ -56,7 +56,7 @@ def usable_cores(root: Path = Path("/")) -> int:
 
 def choose_mode(setting: str, cores: int, workers: int) -> str:
     """`launch.late_preload` resolved for a node with `cores` usable CPUs and `workers` local workers."""
-    if setting in ("at-once", "late", "after-restart"):
+    if setting != "auto":  # already one of the schema's values (`contract.late_preload` gives "auto" for any other)
         return setting
     return "at-once" if cores - workers >= SPARE_CORES else "late"
 
