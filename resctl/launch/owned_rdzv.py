@@ -133,6 +133,7 @@ class OwnedRendezvousHandler:
         self._beat_store: Any = None
         self._watch: PeerWatch | None = None  # while a round trains: the member this node watches
         self._peer_lost = False  # the watched member is lost: the agent restarts (num_nodes_waiting)
+        self._seen_reason: tuple[str | None] | None = None  # the close reason as read when this node saw the close
 
     # --- what the launcher calls -------------------------------------------------------------
 
@@ -244,10 +245,17 @@ class OwnedRendezvousHandler:
         return self.shutdown()
 
     def close_reason(self) -> str | None:
-        """Why the job's rendezvous was closed (None: not closed with a reason)."""
-        if not self._store.check([self._keys.reason]):
+        """Why the job's rendezvous was closed (None: not closed with a reason). Once this node has seen the
+        close, the reason read then (a closer records it before it closes): a spare asked after it marked
+        itself gone may find the store host gone too (NVRx 0.7's agent asks twice; CI: exit 95, not 0)."""
+        if self._seen_reason is not None:
+            return self._seen_reason[0]
+        return self._read_reason(self._store)
+
+    def _read_reason(self, store: Any) -> str | None:
+        if not store.check([self._keys.reason]):
             return None
-        raw = self._store.get(self._keys.reason)
+        raw = store.get(self._keys.reason)
         return (raw.decode() if isinstance(raw, bytes) else raw) or None
 
     # The min-healthy restart policy reads and writes worker states in the rendezvous; this one keeps
@@ -287,6 +295,7 @@ class OwnedRendezvousHandler:
 
     def _raise_if_closed(self, spare: bool) -> None:
         if self.is_closed():
+            self._seen_reason = (self._read_reason(self._store),)  # while the store host still waits for this node
             api = _Errors.api()
             if spare:  # gone for good: the store host waits for no spare that has left
                 self._stop_heartbeats()

@@ -448,6 +448,62 @@ def test_a_failure_or_a_no_restart_reason_reaches_every_node(cluster: Any) -> No
     assert e.is_shutdown_due_to_failure() and e.is_closed() and e.close_reason() == failure
 
 
+
+def test_a_spare_answers_why_the_job_closed_after_the_store_host_is_gone() -> None:
+    """NVRx 0.7's agent asks a spare's handler why the rendezvous closed (no_restart_reason, then
+    is_shutdown_due_to_failure) after the spare marked itself gone, and the store host goes as soon as no
+    live spare is left (ResctlAgent._wait_for_peers): the spare's questions met no store (CI: store_lost,
+    exit 95 where the job had ended well). The reason is read when the close is seen, before the mark."""
+    import subprocess
+    import sys
+
+    from resctl.launch import store_guard
+    from resctl.launch.rdzv_install import BarrierAgentHandler, _reasons
+
+    host = subprocess.Popen([sys.executable, "-c", "import sys, time, datetime, torch.distributed as d; "
+                             "s = d.TCPStore('127.0.0.1', 0, None, True, timeout=datetime.timedelta(seconds=30), "
+                             "use_libuv=False); print(s.port, flush=True); time.sleep(600)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(host.stdout.readline())
+        lost: list[BaseException] = []
+
+        def guarded_lost(err: BaseException) -> Any:
+            lost.append(err)
+            raise err
+
+        c = Cluster(port, "closed-host", 1, 1)
+        a = c.node(BarrierAgentHandler)
+        join_all([a])
+        spare = c.node(BarrierAgentHandler)
+        spare._store = store_guard.StoreGuard(spare._store, guarded_lost)  # as a node that does not host it
+        waiting = threading.Event()
+        spare.on_spare = SimpleNamespace(waiting=lambda nodes, max_nodes: waiting.set(), joining=lambda: None)
+        caught: list[BaseException] = []
+        thread = threading.Thread(target=lambda: _catch(spare.next_rendezvous, caught), daemon=True)
+        thread.start()
+        assert waiting.wait(20), "the node waits as a spare"
+        failure = _reasons()[1]
+        assert a.shutdown_due_to_failure() is True  # a terminal failure elsewhere: not a graceful end
+        thread.join(10)
+        assert caught and isinstance(caught[0], _Errors.api().RendezvousGracefulExitError)
+        assert a.state().spares == (), "the spare marked itself gone: the store host may leave now"
+        c.close()
+        host.kill()
+        host.wait()
+        assert spare.is_shutdown_due_to_failure() and spare.no_restart_reason() is None
+        assert spare.close_reason() == failure and lost == [], "answered from the close it saw, not the store"
+    finally:
+        host.kill()
+        host.wait()
+
+
+def _catch(call: Any, caught: list[BaseException]) -> None:
+    try:
+        call()
+    except BaseException as err:  # noqa: BLE001 - the test looks at it
+        caught.append(err)
+
 def test_the_preflight_wait_on_nvrx_06s_own_rendezvous_says_it_needs_resctls() -> None:
     import importlib.util
 
