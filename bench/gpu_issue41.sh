@@ -29,7 +29,7 @@ for part in ${*:-stall straggler happy}; do
         grep -A40 "PROFILE OF" "$OUT/profile-$every.txt" | grep -v "^ *$" | head -42 | cut -c1-160; rm -rf /tmp/prof-ck-$every
       done;;
     verify) echo "== FSDP2 saves written and loaded back (resctl run, 1 GPU, 8 x Linear(8192, 8192) + AdamW, a save every 20 of 60 steps): the disk checkpoint of step 60 against the state, with the code before (BEFORE41) and now; the memory tier's restore now"
-      for case in before:0 now:0 now:20; do
+      for case in ${VERIFY_CASES:-before:0 now:0 now:20}; do
         tree=${case%%:*}; every=${case##*:}; path=$PWD; [ $tree = before ] && path=$(realpath ${BEFORE41:-.gpu/before41}):$PWD
         PYTHONPATH=/tmp/site04:$path timeout ${VERIFY_TIMEOUT:-120} python3 -m resctl run --nproc-per-node 1 --run-dir /tmp/v-$tree-$every \
           --set checkpoint.interval_steps=20 --set checkpoint.memory_every=$every --set checkpoint.dir=/tmp/v-ck-$tree-$every \
