@@ -15,7 +15,11 @@ script that never imports it pays nothing: ~0.5 s) and records, in the events `r
   completes (durable then; one that fails never is): the same records as an intercepted torch.save;
 - `dcp.load` before the first optimizer step of a process or in-process iteration: the directory's
   `.metadata` is looked up among the run's durable saves (`SnapshotTracker`); a checkpoint this run
-  wrote resumes the shim's step count at its step (`resume`, `source="dcp.load"`).
+  wrote resumes the shim's step count at its step (`resume`, `source="dcp.load"`). An async save with
+  no `ckpt_persist` counts when its `.metadata` was written after it began: a rank killed in the
+  collective that ends the save (after rank 0 wrote `.metadata`) leaves every future unfinished or
+  failed, yet the directory is whole and the restarted script loads it. The report counts such a save
+  as the resume point, not among the checkpoints made.
 
 Not seen: saves through DCP's lower-level or deprecated entry points (`save_state_dict`,
 `_save_state_dict`, a bound `state_dict_saver.save`), storage other than the local filesystem (an

@@ -152,11 +152,13 @@ class SnapshotTracker:
         if self.shim.step_epoch == epoch:
             return  # this epoch has made steps: an evaluation, not a resume
         try:
-            ident = file_id(os.stat(identity or path))
+            st = os.stat(identity or path)
         except OSError:
             return
         self._catch_up()
-        step = self.ledger.step_of(path, ident)
+        step = self.ledger.completed_since(path, st.st_mtime) if identity else None  # its mark written since
+        if step is None:
+            step = self.ledger.step_of(path, file_id(st))
         if step is None or self._resumed == (epoch, step):
             return
         self._resumed = (epoch, step)

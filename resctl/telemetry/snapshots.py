@@ -57,8 +57,8 @@ class SnapshotLedger:
         if path is None or kind not in ("ckpt_stall", "ckpt_persist"):
             return None
         key = (e["rank"], path)
-        if kind == "ckpt_stall":
-            self._inflight[key] = {"step": None, "persist": None}
+        if kind == "ckpt_stall":  # the call began `seconds` before it returned
+            self._inflight[key] = {"step": None, "persist": None, "began": e["t"] - (e.get("seconds") or 0.0)}
             return None
         slot = self._inflight.get(key)
         if slot is None:
@@ -92,6 +92,16 @@ class SnapshotLedger:
             self.by_path[intercepted_path] = step
         if file_id is not None:
             self.by_file_id[file_id] = step
+
+    def completed_since(self, path: str, written_at: float) -> int | None:
+        """Step of the newest intercepted write of `path` still without its `ckpt_persist` that began at or
+        before `written_at` (the wall time its completion mark was written: a DCP directory's `.metadata`,
+        which rank 0 writes last); None when there is none. A `dcp.async_save` whose `.metadata` is written is
+        complete even where its future never finished on this record: the kill of a rank in the collective that
+        ends it (after the `.metadata` write) fails rank 0's future and keeps the others' waiting."""
+        found = [(slot["began"], slot["step"]) for (_, p), slot in self._inflight.items()
+                 if p == path and slot["step"] is not None and slot["began"] <= written_at]
+        return max(found)[1] if found else None
 
     def step_of(self, path: str, file_id: str | None) -> int | None:
         """Step of the durable snapshot that is this file (same identity), else the newest durable

@@ -138,3 +138,37 @@ def test_a_durable_async_save_is_recorded_even_when_the_worker_ends_before_its_c
     gate.set()
     writer.join(30)
     assert [(e["kind"], e["step"]) for e in read_run(run) if e["kind"] == "ckpt_persist"] == [("ckpt_persist", 7)]
+
+
+@pytest.mark.parametrize("completed", [True, False])
+def test_an_async_save_whose_future_never_finished_resumes_where_its_metadata_was_written(tmp_path: Path,
+                                                                                         completed: bool) -> None:
+    """A rank killed in the collective that ends `dcp.async_save` (after rank 0 wrote `.metadata`): rank 0's
+    future fails, the others' wait, no `ckpt_persist` is ever written, yet the directory is a whole checkpoint
+    that the restarted script loads (CI: a resume at step 15 went unrecorded, the report said final step 18).
+    The load resumes at the save whose `.metadata` was written after it began; a `.metadata` older than the
+    unfinished save (the same directory's earlier, durable save) resumes at that earlier save's step."""
+    from resctl.shim import dcpsaves
+
+    run, ck = tmp_path / "run", tmp_path / "ck"
+    first = shim(run)
+    try:
+        model, opt = build()
+        train(model, opt, 10)
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(ck))  # durable at step 10
+        train(model, opt, 10)
+        time.sleep(0.02)  # the next save begins after the first's `.metadata` (a coarse clock's tick)
+        dcpsaves.staged(first.events, str(ck), first.step, time.monotonic(), Future())  # what the wrapper records
+    finally:
+        first.uninstall()
+    if completed:  # the unfinished save's files and `.metadata` were written (by DCP, outside the record)
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(ck))
+    second = shim(run, cycle=1)
+    try:
+        model, _ = build()
+        dcp.load({"model": model.state_dict()}, checkpoint_id=str(ck))
+        assert second.step == (20 if completed else 10)
+    finally:
+        second.uninstall()
+    assert [(e["step"], e["source"]) for e in read_run(run) if e["kind"] == "resume"] == [
+        (20 if completed else 10, "dcp.load")]
