@@ -202,6 +202,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run every job with this launch.rendezvous (RESCTL_LAUNCH_RENDEZVOUS, set after the "
                           "isolation below): nvrx runs the multi-node tests against NVRx's own (the opt-out); "
                           "resctl's is the default (issues 25, 30)")
+    parser.addoption("--compat-torchrun", default=None, metavar="FILE",
+                     help="the compat suite's torchrun reference runs: read from FILE when an earlier pytest run of "
+                          "the same compat cases, scripts and torch wrote it there, else launched and written to it "
+                          "(CI: pass 1 writes, pass 2 reads: torchrun imports no NVRx; tests/compat/reference.py)")
     parser.addoption("--start-modes", choices=("both", "fork-first", "exec-first"), default="both",
                      help="resctl's start modes in the tests that run both (the compat cases, the stop and kill "
                           "drills, ...): both, or one per test, fork and exec in turn from the given one (CI's "

@@ -3,7 +3,7 @@ workers) and `resctl run --set launch.worker_start=exec`, 2 workers on CPU, comp
 and fact by fact with torchrun's run (tests/compat/runner.py says how).
 
 CI compares each case under one start mode a pass, the passes in opposite turns (`--start-modes`:
-tests/conftest.py). All selected cases are launched once, up front, RESCTL_COMPAT_JOBS (default 3)
+tests/conftest.py); pass 2 takes torchrun's runs from pass 1 (`--compat-torchrun`: tests/compat/reference.py). All selected cases are launched once, up front, RESCTL_COMPAT_JOBS (default 3)
 launches at a time; each test then compares. A known difference is xfail(strict) from tests/compat/expected.py: when it
 is fixed the test XPASSes and fails the run until its entry is removed.
 
@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.compat import reference
 from tests.compat.cases import CASES, FRAMEWORK_KILL_AT, FRAMEWORKS, Case
 from tests.compat.expected import EXPECTED
 from tests.compat.runner import SCRIPTS, Outcome, compare, launch, parse, run_all, save, split_launcher
@@ -56,12 +57,23 @@ def outcomes(request: pytest.FixtureRequest) -> dict[str, dict[str, Outcome]]:
     kills = {(params["framework"], params["launcher"]) for params in mine if "framework" in params}
     for framework, _ in kills:
         wanted[framework].add("torchrun")  # a killed run's reference: the uninterrupted run under torchrun
+    shared = request.config.getoption("--compat-torchrun")
+    known = reference.read(Path(shared), CASES) if shared else {}
+    for name in wanted:
+        if name in known:
+            wanted[name].discard(reference.TORCHRUN)
     t0 = time.monotonic()
-    results = run_all([CASES[n] for n in CASES if n in wanted], JOBS, only=wanted)
+    results = run_all([CASES[n] for n in CASES if n in wanted and wanted[n]], JOBS, only=wanted)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, JOBS)) as pool:
         futures = {pool.submit(launch, kill_case(f), la): (f, la) for f, la in sorted(kills)}
         for future, (f, la) in futures.items():
             results.setdefault(kill_case(f).name, {})[la] = future.result()
+    launched = {n: by[reference.TORCHRUN] for n, by in results.items() if reference.TORCHRUN in by}
+    for name, out in known.items():
+        if name in wanted:
+            results.setdefault(name, {})[reference.TORCHRUN] = out
+    if shared and launched:
+        reference.write(Path(shared), {**known, **launched})
     if os.environ.get("RESCTL_COMPAT_SAVE"):
         save(results, Path(os.environ["RESCTL_COMPAT_SAVE"]), time.monotonic() - t0)
     return results
@@ -185,3 +197,26 @@ def test_the_resource_trackers_leaked_semaphore_warning_is_the_interpreters_nois
            "  warnings.warn('resource_tracker: %r: %s' % (name, e))"]
     script, own = split_launcher(raw)
     assert script == ["FACT rank=0 total=140"] and own == []
+
+
+def test_torchrun_runs_are_shared_only_with_a_later_run_of_the_same_tree(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--compat-torchrun`: what pass 1 wrote, pass 2 reads; a run that did not do what its case says, or a file
+    made from other scripts, cases or torch, is launched again."""
+    (good, c1), (bad, c2) = list(CASES.items())[:2]
+    runs = {good: Outcome("torchrun", c1.code, 1.0, ["FACT rank=0 seen=1", "FACT rank=1 seen=1"]),
+            bad: Outcome("torchrun", (c2.code or 0) + 1, 1.0, [])}
+    path = tmp_path / "torchrun.json"
+    reference.write(path, runs)
+    got = reference.read(path, CASES)
+    assert set(got) == {good} and got[good].facts == {(0, "seen"): ["1"], (1, "seen"): ["1"]}
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "a.py").write_text("print('a')\n")
+    monkeypatch.setattr(reference, "SCRIPTS", scripts)
+    before = reference.fingerprint()
+    (scripts / "a.py").write_text("print('b')\n")
+    assert reference.fingerprint() != before, "a changed script is another tree"
+    assert reference.read(path, CASES) == {}, "a file of another tree is not read"
+    path.write_text("{not json")
+    assert reference.read(path, CASES) == {}

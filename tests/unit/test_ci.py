@@ -26,7 +26,9 @@ def test_ci_runs_the_readmes_test_commands_on_both_nvrx_versions() -> None:
     assert len(commands) == 2 and all(c in ci for c in commands), (commands, ci)
     assert "--expect-nvrx 0.7.0" in commands[1] and f'-m "{PASS_2}"' in commands[1]
     assert "--start-modes exec-first" in commands[1]
-    assert commands[0].endswith("-m pytest --start-modes fork-first")
+    assert commands[0].endswith("-m pytest --start-modes fork-first --compat-torchrun .compat-torchrun.json")
+    # pass 1 launches every torchrun reference afresh and leaves them for pass 2 (tests/compat/reference.py)
+    assert "rm -f .compat-torchrun.json && " in commands[0] and commands[1].endswith("--compat-torchrun .compat-torchrun.json")
     fetch = (REPO / ".ci" / "nvrx07").read_text(encoding="utf-8")
     assert "pip[@]}\" download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_39_x86_64" in fetch
 
