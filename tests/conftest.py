@@ -205,7 +205,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--compat-torchrun", default=None, metavar="FILE",
                      help="the compat suite's torchrun reference runs: read from FILE when an earlier pytest run of "
                           "the same compat cases, scripts and torch wrote it there, else launched and written to it "
-                          "(CI: pass 1 writes, pass 2 reads: torchrun imports no NVRx; tests/compat/reference.py)")
+                          "(CI: pass 1 writes, pass 2 reads: torchrun imports no NVRx; tests/compat/reference.py). "
+                          "Give it as --compat-torchrun=FILE: pytest reads a separate FILE that exists as the path "
+                          "to test, before this file's options are known")
     parser.addoption("--start-modes", choices=("both", "fork-first", "exec-first"), default="both",
                      help="resctl's start modes in the tests that run both (the compat cases, the stop and kill "
                           "drills, ...): both, or one per test, fork and exec in turn from the given one (CI's "

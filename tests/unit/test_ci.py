@@ -26,9 +26,9 @@ def test_ci_runs_the_readmes_test_commands_on_both_nvrx_versions() -> None:
     assert len(commands) == 2 and all(c in ci for c in commands), (commands, ci)
     assert "--expect-nvrx 0.7.0" in commands[1] and f'-m "{PASS_2}"' in commands[1]
     assert "--start-modes exec-first" in commands[1]
-    assert commands[0].endswith("-m pytest --start-modes fork-first --compat-torchrun .compat-torchrun.json")
+    assert commands[0].endswith("-m pytest --start-modes fork-first --compat-torchrun=.compat-torchrun.json")
     # pass 1 launches every torchrun reference afresh and leaves them for pass 2 (tests/compat/reference.py)
-    assert "rm -f .compat-torchrun.json && " in commands[0] and commands[1].endswith("--compat-torchrun .compat-torchrun.json")
+    assert "rm -f .compat-torchrun.json && " in commands[0] and commands[1].endswith("--compat-torchrun=.compat-torchrun.json")
     fetch = (REPO / ".ci" / "nvrx07").read_text(encoding="utf-8")
     assert "pip[@]}\" download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_39_x86_64" in fetch
 
@@ -58,9 +58,16 @@ def _collected(*options: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pass_2() -> list[str]:
-    """What CI's second pass collects (one collection for the two tests below)."""
-    return _collected("-m", PASS_2, "--start-modes", "exec-first")
+def pass_2(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """What CI's second pass collects (one collection for the two tests below), with pass 1's torchrun runs in
+    place and named as the README names them: `--compat-torchrun FILE` with FILE present made pytest take FILE for
+    the path to test, load no tests/conftest.py and stop on its options (CI, exit 4)."""
+    made = tmp_path_factory.mktemp("ci") / "torchrun.json"
+    made.write_text("{}")
+    given = re.search(r"--compat-torchrun[= ]\S+", _readme_test_commands()[1])
+    assert given, "the README's pass 2 reads pass 1's torchrun runs"
+    form = given.group(0).split(".compat-torchrun.json")[0]
+    return _collected("-m", PASS_2, "--start-modes", "exec-first", *(form + str(made)).split(" "))
 
 
 def test_the_second_pass_keeps_every_launcher_test_and_one_start_mode_of_each_test(pass_2: list[str]) -> None:
