@@ -204,12 +204,13 @@ def test_torchrun_runs_are_shared_only_with_a_later_run_of_the_same_tree(tmp_pat
     """`--compat-torchrun`: what pass 1 wrote, pass 2 reads; a run that did not do what its case says, or a file
     made from other scripts, cases or torch, is launched again."""
     (good, c1), (bad, c2) = list(CASES.items())[:2]
+    shell = next(name for name, c in CASES.items() if c.shell_env)
     runs = {good: Outcome("torchrun", c1.code, 1.0, ["FACT rank=0 seen=1", "FACT rank=1 seen=1"]),
-            bad: Outcome("torchrun", (c2.code or 0) + 1, 1.0, [])}
+            bad: Outcome("torchrun", (c2.code or 0) + 1, 1.0, []), shell: Outcome("torchrun", CASES[shell].code, 1.0, [])}
     path = tmp_path / "torchrun.json"
     reference.write(path, runs)
     got = reference.read(path, CASES)
-    assert set(got) == {good} and got[good].facts == {(0, "seen"): ["1"], (1, "seen"): ["1"]}
+    assert set(got) == {good} and got[good].facts == {(0, "seen"): ["1"], (1, "seen"): ["1"]}, "env_names: each pass's own"
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     (scripts / "a.py").write_text("print('a')\n")
