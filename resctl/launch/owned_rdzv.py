@@ -250,12 +250,12 @@ class OwnedRendezvousHandler:
         itself gone may find the store host gone too (NVRx 0.7's agent asks twice; CI: exit 95, not 0)."""
         if self._seen_reason is not None:
             return self._seen_reason[0]
-        return self._read_reason(self._store)
+        return self._read_reason()
 
-    def _read_reason(self, store: Any) -> str | None:
-        if not store.check([self._keys.reason]):
+    def _read_reason(self) -> str | None:
+        if not self._store.check([self._keys.reason]):
             return None
-        raw = store.get(self._keys.reason)
+        raw = self._store.get(self._keys.reason)
         return (raw.decode() if isinstance(raw, bytes) else raw) or None
 
     # The min-healthy restart policy reads and writes worker states in the rendezvous; this one keeps
@@ -295,7 +295,7 @@ class OwnedRendezvousHandler:
 
     def _raise_if_closed(self, spare: bool) -> None:
         if self.is_closed():
-            self._seen_reason = (self._read_reason(self._store),)  # while the store host still waits for this node
+            self._seen_reason = (self._read_reason(),)  # while the store host still waits for this node
             api = _Errors.api()
             if spare:  # gone for good: the store host waits for no spare that has left
                 self._stop_heartbeats()

@@ -24,9 +24,8 @@ from importlib import metadata
 from pathlib import Path
 
 from tests.compat.cases import Case
-from tests.compat.runner import SCRIPTS, Outcome, parse
+from tests.compat.runner import HERE, SCRIPTS, Outcome, recorded, replayed
 
-HERE = Path(__file__).resolve().parent
 TORCHRUN = "torchrun"
 
 
@@ -51,17 +50,13 @@ def read(path: Path, cases: dict[str, Case]) -> dict[str, Outcome]:
     found = {}
     for name, o in (data.get("runs") or {}).items():
         case = cases.get(name)
-        out = Outcome(TORCHRUN, o["code"], o["wall"], o["raw"], hang=o["hang"], leaked=o["leaked"])
-        if case is not None and not case.shell_env and out.code == case.code and not out.hang:
-            parse(out)
-            found[name] = out
+        if case is not None and not case.shell_env and o["code"] == case.code and not o["hang"]:
+            found[name] = replayed(TORCHRUN, o)
     return found
 
 
 def write(path: Path, runs: dict[str, Outcome]) -> None:
     """torchrun's runs by case name, with this tree's fingerprint (atomically: a reader sees all or nothing)."""
-    data = {name: {"code": o.code, "wall": o.wall, "raw": o.raw, "hang": o.hang, "leaked": o.leaked}
-            for name, o in runs.items()}
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"fingerprint": fingerprint(), "runs": data}))
+    tmp.write_text(json.dumps({"fingerprint": fingerprint(), "runs": {name: recorded(o) for name, o in runs.items()}}))
     tmp.replace(path)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -508,12 +509,23 @@ def run_all(cases: list[Case], jobs: int, on_done: Callable[[Case, Outcome], Non
     return dict(results)
 
 
+def recorded(out: Outcome) -> dict[str, object]:
+    """What one launch showed (raw console, code, hang, leftovers): enough to parse and compare again."""
+    return {"code": out.code, "wall": out.wall, "raw": out.raw, "hang": out.hang, "leaked": out.leaked}
+
+
+def replayed(launcher: str, data: dict[str, Any]) -> Outcome:
+    """The launch `recorded` wrote, parsed again."""
+    out = Outcome(launcher, data["code"], data["wall"], data["raw"], hang=data["hang"], leaked=data["leaked"])
+    parse(out)
+    return out
+
+
 def save(results: dict[str, dict[str, Outcome]], path: Path, wall: float) -> None:
-    """What each launch showed (raw console, code, hang, leftovers): enough to parse and compare again."""
+    """What each launch showed: enough to parse and compare again (`load`)."""
     data = {"wall": wall, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load": os.getloadavg()[1], "results": {name: {lau: {"code": o.code, "wall": o.wall, "raw": o.raw, "hang": o.hang,
-                                                  "leaked": o.leaked} for lau, o in by.items()}
-                                      for name, by in results.items()}}
+            "load": os.getloadavg()[1], "results": {name: {lau: recorded(o) for lau, o in by.items()}
+                                                    for name, by in results.items()}}
     path.write_text(json.dumps(data, indent=1))
 
 
@@ -522,11 +534,5 @@ def load(path: Path) -> tuple[dict[str, dict[str, Outcome]], float, str]:
     data = json.loads(path.read_text())
     finished = data.get("finished") or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
     when = finished + (f", load average {data['load']:.0f}" if "load" in data else "")
-    results: dict[str, dict[str, Outcome]] = {}
-    for name, by in data["results"].items():
-        results[name] = {}
-        for lau, o in by.items():
-            out = Outcome(lau, o["code"], o["wall"], o["raw"], hang=o["hang"], leaked=o["leaked"])
-            parse(out)
-            results[name][lau] = out
+    results = {name: {lau: replayed(lau, o) for lau, o in by.items()} for name, by in data["results"].items()}
     return results, float(data["wall"]), when
