@@ -59,8 +59,9 @@ class Job:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             with self.cond:
-                self.arrival.append(time.time())
-                self.lines.append(line.rstrip("\n"))
+                for part in GLUED.split(line.rstrip("\n")):
+                    self.arrival.append(time.time())
+                    self.lines.append(part)
                 self.cond.notify_all()
         with self.cond:
             self.cond.notify_all()
@@ -87,15 +88,17 @@ class Job:
 
 
 def argv_for(launcher: str, nproc: int, script: Path, script_args: list[str], resctl_args: list[str]) -> list[str]:
+    """`resctl[@LABEL][:exec]`: `:exec` starts resctl's workers as fresh interpreters (`launch.worker_start`)."""
     common = ["--nproc-per-node", str(nproc), "--max-restarts", "3"]
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", *common, str(script), *script_args]
-    return [sys.executable, "-m", "resctl", "run", *common, *resctl_args, str(script), *script_args]
+    start = ["--set", "launch.worker_start=exec"] if launcher.endswith(":exec") else []
+    return [sys.executable, "-m", "resctl", "run", *common, *start, *resctl_args, str(script), *script_args]
 
 
 def env_for(launcher: str, env: dict[str, str], nvrx_paths: dict[str, str]) -> dict[str, str]:
     """`resctl@LABEL`: the environment with that NVRx's directories first on PYTHONPATH."""
-    _, _, label = launcher.partition("@")
+    _, _, label = launcher.removesuffix(":exec").partition("@")
     if not label:
         return env
     if label not in nvrx_paths:
@@ -104,6 +107,9 @@ def env_for(launcher: str, env: dict[str, str], nvrx_paths: dict[str, str]) -> d
 
 
 STEP = re.compile(r"STEP (\d+) (\d+) ([\d.]+)$")
+#: Workers' stdout is write-through under both launchers (print writes the text and the newline apart), so two
+#: ranks' lines can arrive glued ("STEP 1 15 t1STEP 0 15 t0"): split them before each marker.
+GLUED = re.compile(r"(?=STEP \d+ \d+ )|(?=PID \d+ \d+)")
 PID = re.compile(r"PID (\d+) (\d+)\b")
 
 
@@ -159,7 +165,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--kill-after", type=int, default=15, help="kill once this step is printed (after a snapshot)")
     ap.add_argument("--kill-rank", type=int, default=-1, help="default: the last rank")
-    ap.add_argument("--launchers", default="torchrun,resctl", help="torchrun, resctl, resctl@LABEL (see --nvrx-path)")
+    ap.add_argument("--launchers", default="torchrun,resctl", help="torchrun, resctl, resctl@LABEL (see --nvrx-path), any resctl with :exec (exec'd workers)")
     ap.add_argument("--nvrx-path", action="append", default=[], metavar="LABEL=DIRS",
                     help="where the NVRx of `resctl@LABEL` is: directories put first on PYTHONPATH (':'-separated)")
     ap.add_argument("--resctl-args", default="", help="extra `resctl run` arguments, space separated")

@@ -9,6 +9,7 @@ can kill a worker and time the resume from the outside, the same way for both la
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import time
 
@@ -16,6 +17,15 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def block_in_native_code(device: torch.device) -> None:
+    """An hour in native code: the main thread never returns to Python, so no Python signal handler runs."""
+    if device.type == "cuda":
+        torch.cuda._sleep(3600 * 2_000_000_000)  # ~an hour of GPU clock cycles
+        torch.cuda.synchronize()
+    else:
+        ctypes.CDLL(None).sleep(3600)
 
 
 def main() -> None:
@@ -28,7 +38,14 @@ def main() -> None:
     ap.add_argument("--backend", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--step-time", type=float, default=0.0, help="seconds of pretend compute per step")
+    ap.add_argument("--block-at", default="", metavar="STEP:RANK",
+                    help="first launcher cycle only: after STEP, RANK blocks in native code for an hour (on CUDA a "
+                    "spinning kernel and a synchronize, on CPU a C sleep), as a survivor whose peer died does")
     args = ap.parse_args()
+    block_step, _, block_rank = args.block_at.partition(":")
+    block = (int(block_step), int(block_rank or 0)) if block_step else None
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        block = None
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "cuda":
@@ -61,6 +78,8 @@ def main() -> None:
         if args.step_time:
             time.sleep(args.step_time)
         print(f"STEP {rank} {step} {time.time():.6f}", flush=True)
+        if block == (step, rank):
+            block_in_native_code(device)
         if rank == 0 and step % args.save_every == 0:
             tmp = args.snapshot + ".tmp"
             torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step}, tmp)
