@@ -86,6 +86,7 @@ def main() -> int:
                     rows.setdefault(key, []).append(res)
                     print(f"[{r}] {key}: stall p50 {res['stall_p50_s']} s first {res['first_s']} s "
                           f"copy {res['copy_s']} s step {res['step_p50_s']} s efficiency {res['efficiency']} "
+                          f"(steady {res.get('efficiency_steady')}) "
                           f"restore {res['restore']} waited {res['waited_s']}", file=sys.stderr, flush=True)
     summary = {}
     for key, results in rows.items():

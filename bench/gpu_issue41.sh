@@ -4,7 +4,9 @@
 # alternating); the straggler timing on CUDA (bench/gpu_straggler.py); the happy path's step (bench_happy_path.py).
 # Wheels (cp312, git-ignored, carried): .whl = nvidia-resiliency-ext 0.4.1, pydantic 2.11.7, pydantic-core 2.33.2,
 # annotated-types, typing-inspection, setproctitle, defusedxml, pynvml, crc32c, plotly.
-# Usage on the device: OUT=$OUT bash bench/gpu_issue41.sh [parts: stall profile verify straggler happy]
+# planned: the loop's efficiency at the interval `resctl tune-interval` plans from a calibration run of the same job
+# (memory tier on; MTBF 24 h a node, 16 nodes), torchrun and resctl alternating, 2 intervals long.
+# Usage on the device: OUT=$OUT bash bench/gpu_issue41.sh [parts: stall profile verify planned straggler happy]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site04 .whl/*.whl || exit 1
@@ -38,6 +40,21 @@ for part in ${*:-stall straggler happy}; do
         echo "$tree, memory_every=$every: exit $?"; grep "^STALL" "$OUT/verify-$tree-$every.txt" | cut -c1-600
         grep -h "ckpt_load" /tmp/v-$tree-$every/events-rank0.jsonl 2>/dev/null | tail -1 | cut -c1-300; rm -rf /tmp/v-ck-$tree-$every
       done;;
+    planned) echo "== efficiency at the planned interval: calibrate (resctl run, a save every 20 steps, memory_every 20), plan, run 2 intervals"
+      cal=/tmp/plan-cal; rm -rf $cal /tmp/plan-ck
+      timeout ${PLAN_TIMEOUT:-150} python3 -m resctl run --nproc-per-node 1 --run-dir $cal --set checkpoint.interval_steps=20 \
+        --set checkpoint.memory_every=20 --set checkpoint.dir=/tmp/plan-ck bench/scripts/fsdp_stall.py --device cuda --layers 8 \
+        --width 8192 --steps 60 --interval 20 --step-time 0.25 --split-wait > "$OUT/plan-cal.txt" 2>&1; echo "calibration: exit $?"
+      rm -rf /tmp/plan-ck
+      python3 -m resctl tune-interval --from-run $cal --mtbf ${MTBF:-24h} --nodes ${NODES:-16} > "$OUT/plan.txt" 2>&1
+      python3 -m resctl tune-interval --from-run $cal --mtbf ${MTBF:-24h} --nodes ${NODES:-16} --json > "$OUT/plan.json" 2>/dev/null
+      read interval every < <(python3 -c "import json,sys; p=json.load(open(sys.argv[1]))['profile']; print(p['interval_steps'], p.get('memory_every', 0))" "$OUT/plan.json")
+      echo "planned: interval_steps=$interval memory_every=$every"; grep -i "efficien\|overhead" "$OUT/plan.txt" | head -6
+      timeout ${PLANNED_TIMEOUT:-400} python3 bench/bench_fsdp_save.py --device cuda --nproc 1 --layers 8 --width 8192 \
+        --steps $((2 * interval)) --interval $interval --step-time 0.25 --memory-every $every --split-wait --repeats 1 \
+        --cases fsdp2:resctl --launchers torchrun,resctl --json "$OUT/planned.json" 2> "$OUT/planned.err"
+      echo "exit $?"; grep "^\[" "$OUT/planned.err"
+;;
     straggler) echo "== stragglers on CUDA: DDP, 2 ranks on GPU 0 over gloo, rank 1 +delay after backward, then before forward"
       for where in after before; do
         timeout ${STRAGGLER_TIMEOUT:-150} python3 bench/gpu_straggler.py --device cuda --runs 1 --model ddp --where $where \

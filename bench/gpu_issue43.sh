@@ -47,7 +47,7 @@ for part in ${*:-kill happy tutorial}; do
       echo "exit $?"; cat "$OUT/profile.err" | grep -v Warning | tail -8
       python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['summary']))" "$OUT/profile.json";;
     noop) echo "== a no-op job's timeline, torchrun and resctl alternating"
-      timeout ${NOOP_TIMEOUT:-120} python3 bench/noop_timeline.py --rounds ${NOOP_ROUNDS:-3} --importtime > "$OUT/noop.txt" 2>&1
+      timeout ${NOOP_TIMEOUT:-120} python3 bench/noop_timeline.py --rounds ${NOOP_ROUNDS:-3} ${NOOP_ARGS:---importtime} > "$OUT/noop.txt" 2>&1
       echo "exit $?"; cat "$OUT/noop.txt" | cut -c1-200;;
     blocked) echo "== survivor blocked in a CUDA kernel, 2 ranks on one GPU (gloo), kill -9 of rank 1 after step 15"
       timeout ${BLOCKED_TIMEOUT:-240} python3 bench/bench_kill_resume.py --script ddp --nproc 2 --device cuda --faults $ROUNDS \

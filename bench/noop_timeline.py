@@ -3,9 +3,12 @@
 Each round runs bench/scripts/happy_noop.py under torchrun and `resctl run` (1 worker); for resctl it then lays
 the run's own clocks on the wall clock from the command's start: the launcher log's lines (ms timestamps) and the
 events files' `t`, and prints that timeline for the last round. With `--importtime`, the `resctl run` process's
-own imports (`python -X importtime`), top 15 by cumulative time.
+own imports (`python -X importtime`), top 15 by cumulative time. With `--trace`, one more round of each launcher
+with bench/start_trace/ on PYTHONPATH: every Python process of the job (CLI, launcher, workers) logs its start, its
+first import of a few heavy packages, the shared libraries it loads through ctypes (and who loaded them), its forks
+and spawns and its exit, merged into one timeline from the command's start.
 
-    python bench/noop_timeline.py --rounds 3 [--importtime]
+    python bench/noop_timeline.py --rounds 3 [--importtime] [--trace]
 """
 
 from __future__ import annotations
@@ -52,10 +55,26 @@ def timeline(run_dir: Path, t0: float) -> list[tuple[float, str]]:
     return sorted(rows)
 
 
+def traced(cmd: list[str], cwd: Path, label: str) -> None:
+    """One more run of `cmd` under bench/start_trace/sitecustomize.py, its processes' trace printed as one timeline."""
+    import os
+
+    trace = cwd / f"trace-{label}.txt"
+    env = {**os.environ, "RESCTL_START_TRACE": str(trace),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(HERE / "start_trace"), os.environ.get("PYTHONPATH", "")) if p)}
+    t0, m0 = time.time(), time.monotonic()
+    subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
+    print(f"{label}, traced ({time.monotonic() - m0:.3f} s), seconds from the command's start:")
+    rows = sorted((float(line.split(" ", 1)[0]), line.split(" ", 1)[1]) for line in trace.read_text().splitlines() if line)
+    for at, what in rows:
+        print(f"  {at - t0:7.3f}  {what[:260]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--importtime", action="store_true")
+    ap.add_argument("--trace", action="store_true")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="noop-timeline-"))
     walls: dict[str, list[float]] = {"torchrun": [], "resctl": []}
@@ -77,6 +96,10 @@ def main() -> None:
         print(f"resctl's last round ({wall:.3f} s), seconds from the command's start:")
         for at, what in timeline(run_dir, t0):
             print(f"  {at:7.3f}  {what}")
+    if a.trace:
+        traced([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", str(NOOP)], tmp, "torchrun")
+        traced([sys.executable, "-m", "resctl", "run", "--nproc-per-node", "1", "--run-dir", str(tmp / "traced"),
+                str(NOOP)], tmp, "resctl")
     if a.importtime:
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "resctl", "run", "--nproc-per-node", "1",
                                "--run-dir", str(tmp / "imports"), str(NOOP)], cwd=tmp, capture_output=True, text=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from resctl.checkpoint import memdir, replica
 from resctl.errors import LaunchError, UsageError
 from resctl.health.watch import Watch
-from resctl.launch import leftovers, lifeline, rendezvous, stop
+from resctl.launch import leftovers, lifeline, prestart, rendezvous, stop
 from resctl.launch.owned_rdzv import mark_launcher_gone
 from resctl.launch.plan import LAUNCHER_ENTRY, PLAN_FILE, LaunchPlan, Target, plan, restart_policy
 from resctl.launch.rdzv_rounds import IMPL_ENV
@@ -207,9 +208,10 @@ def wait_stopping(child: "subprocess.Popen[bytes]", received: Sequence[int], ter
     """Wait for the launcher; once a stop was forwarded, SIGKILL its whole process tree if it is
     still there `term_timeout` + `EXIT_SLACK` seconds later (a stop is never held up for good)."""
     deadline: float | None = None
+    exited = _exit_waiter(child)
     while True:
         try:
-            return child.wait(timeout=0.2 if deadline is None else max(0.0, deadline - time.monotonic()))
+            return exited(0.2 if deadline is None else max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
         if deadline is None:
@@ -221,6 +223,24 @@ def wait_stopping(child: "subprocess.Popen[bytes]", received: Sequence[int], ter
             on_event(f"resctl: the launcher had not stopped {term_timeout + EXIT_SLACK:g} s after the stop "
                      f"(launch.term_timeout = {term_timeout:g}s): killed it and {killed - 1} more processes")
             return child.wait()
+
+
+def _exit_waiter(child: "subprocess.Popen[bytes]") -> Callable[[float], int]:
+    """`child.wait(timeout)`, woken the moment the child exits where Linux gives a pidfd (`Popen.wait` with a
+    timeout polls, up to 50 ms apart: that much of a short job's end)."""
+    try:
+        fd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        return lambda timeout: child.wait(timeout=timeout)
+
+    def wait(timeout: float) -> int:
+        if child.returncode is None and not select.select([fd], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired(child.args, timeout)
+        code = child.wait()
+        os.close(fd)
+        return code
+
+    return wait
 
 
 def kill_tree(pid: int) -> int:
@@ -273,7 +293,8 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         # `resctl run`, which forwards it once. In resctl's group the launcher got it twice (the
         # terminal's and the forwarded one): the second landed while it was SIGINTing the workers, and
         # it SIGTERMed them instead, before their `except KeyboardInterrupt:` cleanup ran.
-        child = subprocess.Popen(launcher_program() + launch_plan.args, env=env, **_OWN_GROUP)
+        child = (prestart.hand_over(launcher_program(), launch_plan.args, env)
+                 or subprocess.Popen(launcher_program() + launch_plan.args, env=env, **_OWN_GROUP))
         children.append(child)
         for signum in received:  # arrived while the launcher was starting
             child.send_signal(signum)

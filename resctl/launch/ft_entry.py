@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import signal
 import sys
 
-from resctl.launch import adapters, launcher_logs, lifeline, preload, stop
+from resctl.launch import adapters, launcher_logs, lifeline, preload, prestart, stop
 from resctl.launch.titles import set_title
 from resctl.profile import contract
 
@@ -36,6 +37,11 @@ def main() -> None:
     os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())  # exec'd workers set theirs (resctl.shim)
     if os.environ.get(contract.PRELOAD) == "1":
         preload.import_torch()  # before anything imports it: what it warns, forked workers show again
+    started_early = None
+    if sys.argv[1:] == [prestart.AWAIT]:  # started before the plan was made: wait for it (resctl.launch.prestart)
+        import resctl.profile.schema  # noqa: F401  # deferred: the shim's, imported while `resctl run` still works
+
+        started_early = prestart.receive()
     launcher_logs.quiet_logs()  # before NVRx is imported: its logging set-up at import then does nothing
     preload.ImportWarnings.replay()  # and the launcher's log keeps them
     refuse_unknown_nvrx()
@@ -46,6 +52,8 @@ def main() -> None:
     adapters.apply_adapters()
     adapters.install_fork_hook(os.getpid())
     launcher_logs.install()  # no secrets or stop tracebacks in its log
+    if started_early:
+        logging.getLogger(__name__).info(started_early)
     if os.environ.get(contract.PRELOAD) == "1":
         preload.preload()
     set_title(_launcher_title())
@@ -57,7 +65,7 @@ def main() -> None:
         code = 0
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    exit_quickly(adapters.launcher_exit_code(code))
+    lifeline.exit_quickly(adapters.launcher_exit_code(code))
 
 
 def refuse_unknown_nvrx() -> None:
@@ -77,20 +85,6 @@ def refuse_unknown_nvrx() -> None:
         sys.stderr.write(f"resctl: {why}\n")
         sys.stderr.flush()
         os._exit(2)
-
-
-def exit_quickly(code: int) -> None:
-    """Exit as the interpreter would, less its teardown of every module (torch's takes about
-    0.5 s): the atexit handlers run (logging's flush, multiprocessing's children, the marker file),
-    then the standard streams are flushed."""
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 if __name__ == "__main__":

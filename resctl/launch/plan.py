@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from resctl.errors import UsageError
-from resctl.launch import nvrx_flags
+from resctl.launch import nvrx_flags, prestart
 from resctl.launch.rdzv_rounds import IMPL_ENV, KEEP_ALIVE_ENV, MISSES_ENV, STORE_ENV
 from resctl.launch.rendezvous import Rendezvous
 from resctl.profile import contract
@@ -24,7 +24,7 @@ from resctl.profile.schema import Health, Heartbeat, Launch, Profile
 from resctl.redact import redact_argv, redact_rdzv_conf
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
-LAUNCHER_ENTRY = "resctl.launch.ft_entry"  # LAUNCHER_MODULE behind resctl's version adapters
+LAUNCHER_ENTRY = prestart.ENTRY  # LAUNCHER_MODULE behind resctl's version adapters
 SHIM_MODULE = "resctl.shim"
 SHIM_PATH = Path(__file__).resolve().parents[1] / "shim" / "__main__.py"
 PLAN_FILE = contract.PLAN_FILE

@@ -46,6 +46,8 @@ SHM_LAUNCH = "RESCTL_SHM_LAUNCH"
 REPLICA_ADDR = "RESCTL_REPLICA_ADDR"
 REPLICA_HOST = "RESCTL_REPLICA_HOST"
 SLURM_REQUEUE_FILE = "RESCTL_SLURM_REQUEUE_FILE"
+PRESTART = "RESCTL_PRESTART"
+PRESTART_FD = "RESCTL_PRESTART_FD"
 #: torch elastic's own name (not resctl's): "True" tells the workers that MASTER_ADDR/MASTER_PORT is the
 #: launcher's store (launcher -> workers, as torchrun sets it; `resctl.shim.agent_store` reads it).
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
@@ -74,6 +76,8 @@ ENV: dict[str, str] = {
     REPLICA_ADDR: "resctl run -> workers: host:port of this node's replica server",
     REPLICA_HOST: "user -> resctl run: the host the replica server advertises",
     SLURM_REQUEUE_FILE: "examples/slurm/train.sbatch -> resctl run: ask the batch script to requeue the job",
+    PRESTART: "user -> resctl run: 0 starts the launcher's interpreter only once the plan is made (resctl.launch.prestart)",
+    PRESTART_FD: "resctl run -> its waiting launcher: the pipe the plan comes on (resctl.launch.prestart)",
 }
 
 

@@ -36,7 +36,16 @@ class Sink:
         print(f"TEARDOWN rank={RANK} del ran, os is {type(os).__name__}", flush=True)
 
 
+class Cyclic:  # garbage only a collection finds (a forked worker's gc.freeze() must leave the script's own in sight)
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        print(f"TEARDOWN rank={RANK} cycle collected", flush=True)
+
+
 sink = Sink(os.path.join(OUT, f"nested.{RANK}"))
+cycle = Cyclic()
 sink.files[0].write("written through an object\\n")
 print(f"OUT rank={RANK} main returns", flush=True)
 """
@@ -66,3 +75,4 @@ def test_unclosed_files_are_flushed_and_module_objects_finalized(tmp_path: Path,
         assert (out / f"flat.{rank}").read_text() == "written at module level\n" * 3, how
         assert (out / f"nested.{rank}").read_text() == "written through an object\n", how
         assert f"TEARDOWN rank={rank} del ran, os is module" in console, console[-3000:]
+        assert f"TEARDOWN rank={rank} cycle collected" in console, console[-3000:]
