@@ -35,10 +35,13 @@ def main() -> None:
     # First: a `resctl run` SIGKILLed from here on still stops the job (a SIGTERM: its final save).
     lifeline.die_with_parent(signal.SIGTERM, lifeline.expected(os.environ, lifeline.RUN_PID_ENV))
     os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())  # exec'd workers set theirs (resctl.shim)
+    early = sys.argv[1:] == [prestart.AWAIT]  # started before the plan was made (resctl.launch.prestart)
+    if early:
+        prestart.listen()
     if os.environ.get(contract.PRELOAD) == "1":
         preload.import_torch()  # before anything imports it: what it warns, forked workers show again
     started_early = None
-    if sys.argv[1:] == [prestart.AWAIT]:  # started before the plan was made: wait for it (resctl.launch.prestart)
+    if early:
         import resctl.profile.schema  # noqa: F401  # deferred: the shim's, imported while `resctl run` still works
 
         started_early = prestart.receive()

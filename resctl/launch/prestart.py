@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from typing import Any, Mapping, Sequence
 
 from resctl.profile import contract
@@ -103,21 +104,40 @@ def changed(now: Mapping[str, str], plan: Mapping[str, str]) -> set[str]:
     return {k for k in now.keys() | plan.keys() if now.get(k) != plan.get(k)}
 
 
+class _Plan:
+    listener: threading.Thread | None = None
+    data = b""
+
+
+def listen() -> None:
+    """In the waiting interpreter, first: read the plan in a thread, so that a CLI that launches nothing (its pipe
+    closed with no plan: a bad profile, exit 2) ends this interpreter at once, not after torch's import (~1 CPU-s)."""
+
+    def read() -> None:
+        fd = int(os.environ.pop(contract.PRESTART_FD))
+        with os.fdopen(fd, "rb") as pipe:
+            _Plan.data = pipe.read()
+        if not _Plan.data:  # `resctl run` started no launcher
+            os._exit(0)
+
+    _Plan.listener = threading.Thread(target=read, name="resctl-await-plan", daemon=True)
+    _Plan.listener.start()
+
+
 def receive() -> str:
-    """In the waiting interpreter: read the plan, then become the launcher it describes (or exit 0 without one).
-    Returns the line the launcher's log keeps of it."""
-    fd = int(os.environ.pop(contract.PRESTART_FD))
-    with os.fdopen(fd, "rb") as pipe:
-        data = pipe.read()
-    if not data:  # `resctl run` started no launcher
-        os._exit(0)
-    plan = json.loads(data)
+    """In the waiting interpreter: take the plan (`listen`), then become the launcher it describes. Returns the line
+    the launcher's log keeps of it."""
+    if _Plan.listener is None:
+        listen()
+    assert _Plan.listener is not None
+    _Plan.listener.join()
+    plan = json.loads(_Plan.data)
     args, env = [str(a) for a in plan["args"]], {str(k): str(v) for k, v in plan["env"].items()}
     differs = changed(os.environ, env) - {contract.LAUNCHER_PID}
     early = sorted(name for name in differs if not late_read(name))
     if early:
         _log(env, f"resctl: the launcher's interpreter, started before the plan, starts again with the plan's "
-                  f"environment ({', '.join(early)} differ from resctl run's)")
+                  f"environment ({', '.join(early)}: not as resctl run's)")
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, "-m", ENTRY, *args], env)
     for name in differs:
