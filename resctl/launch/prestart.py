@@ -30,7 +30,10 @@ AWAIT = "--await-plan"  # the waiting interpreter's only argument
 ENTRY = "resctl.launch.ft_entry"
 #: Variables nothing reads before the launcher's own code runs (torch reads none of them at import): resctl's own
 #: (`contract.ENV`) and these prefixes; a plan may add or change them and the waiting interpreter takes them as they come.
-LATE_READ = ("TORCHELASTIC_", "NCCL_", "TORCH_NCCL_", "FI_", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+#: PYTHONUNBUFFERED too: read at an interpreter's start, it sets only the launcher's own stdio (forked workers share
+#: it: the waiting interpreter starts with the fork plan's value), while exec'd workers take it from the environment
+#: this passes on (an exec plan drops it: their new interpreters start buffered, as under torchrun).
+LATE_READ = ("TORCHELASTIC_", "NCCL_", "TORCH_NCCL_", "FI_", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "PYTHONUNBUFFERED")
 _NO_LAUNCH = {"--dry-run", "--help", "-h"}
 _OWN_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import os
-print("ENV " + " ".join(f"{k}={os.environ.get(k)}" for k in ("OMP_NUM_THREADS", "NCCL_DEBUG", "RESCTL_PRESTART_FD")),
-      flush=True)
+print("ENV " + " ".join(f"{k}={os.environ.get(k)}" for k in ("OMP_NUM_THREADS", "NCCL_DEBUG", "RESCTL_PRESTART_FD",
+                                                                "PYTHONUNBUFFERED")), flush=True)
 """
 EARLY = "was started before the plan"
 AGAIN = "starts again with the plan's environment"
@@ -30,7 +30,8 @@ def _run(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[str,
     script = tmp / "env.py"
     script.write_text(SCRIPT)
     run_dir = tmp / "run"
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NCCL_DEBUG", "RESCTL_PRESTART")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_NUM_THREADS", "NCCL_DEBUG", "RESCTL_PRESTART", "PYTHONUNBUFFERED")}
     proc = subprocess.run([sys.executable, "-m", "resctl", "run", "--nproc-per-node", "1", "--run-dir", str(run_dir),
                            *args, str(script)], cwd=tmp, env={**base, **(env or {})}, capture_output=True, text=True,
                           timeout=180)
@@ -42,8 +43,10 @@ def _run(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[str,
     ("", {}, "OMP_NUM_THREADS=None NCCL_DEBUG=None", EARLY),
     ('[launch.env]\nNCCL_DEBUG = "WARN"\n', {}, "NCCL_DEBUG=WARN", EARLY),  # read by NCCL, long after torch's import
     ('[launch.env]\nOMP_NUM_THREADS = "3"\n', {}, "OMP_NUM_THREADS=3", AGAIN),  # read when torch loads OpenMP
+    ('[launch]\nworker_start = "exec"\n', {}, "PYTHONUNBUFFERED=None", EARLY),  # dropped for exec'd workers
+    ('[launch]\nworker_start = "exec"\n', {"PYTHONUNBUFFERED": "1"}, "PYTHONUNBUFFERED=1", EARLY),  # the user's kept
     ("", {"RESCTL_PRESTART": "0"}, "OMP_NUM_THREADS=None", None),
-], ids=["default", "late-variable", "early-variable", "off"])
+], ids=["default", "late-variable", "early-variable", "exec", "exec-unbuffered", "off"])
 def test_the_plan_reaches_the_workers_as_from_a_fresh_launcher(
     tmp_path: Path, profile: str, env: dict[str, str], worker_sees: str, log: str | None
 ) -> None:

@@ -39,7 +39,8 @@ def test_the_waiting_interpreter_starts_with_what_a_default_plan_gives_the_launc
 @pytest.mark.parametrize(("name", "late"), [
     (contract.PLAN, True), (contract.VERBOSE, True), ("NCCL_DEBUG", True), ("FI_PROVIDER", True), ("TORCH_NCCL_BLOCKING_WAIT", True),
     ("TORCHELASTIC_SIGNALS_TO_HANDLE", True), ("MASTER_PORT", True), ("GROUP_RANK", True),
-    ("OMP_NUM_THREADS", False), ("TORCH_CPP_LOG_LEVEL", False), ("PYTHONUNBUFFERED", False), ("LD_PRELOAD", False),
+    ("PYTHONUNBUFFERED", True),
+    ("OMP_NUM_THREADS", False), ("TORCH_CPP_LOG_LEVEL", False), ("LD_PRELOAD", False),
     ("CUDA_VISIBLE_DEVICES", False), ("PYTHONPATH", False), ("RESCTL_LAUNCH_NNODES_X", False),
 ])
 def test_only_variables_read_after_torchs_import_may_change_without_a_fresh_start(name: str, late: bool) -> None:
