@@ -283,7 +283,10 @@ def _kill_leftovers(mark: str, seen: dict[int, float], grace: float) -> int:
 # --- parsing --------------------------------------------------------------------------------------
 
 def parse(out: Outcome) -> None:
-    script_lines, out.launcher_lines = split_launcher([line.rstrip() for line in out.raw])
+    # Records split first: a worker's record written between another's warning text and its newline
+    # ("  import pynvml  # type: ignore[import]OUT rank=0 ...") went with the warning's noise line.
+    raw = [part for line in out.raw for part in RECORD.split(line.rstrip())]
+    script_lines, out.launcher_lines = split_launcher(raw)
     ranked: dict[int, list[str]] = collections.defaultdict(list)
     for line in normalize(_records(script_lines)):
         fact = FACT.match(line)

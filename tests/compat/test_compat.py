@@ -149,6 +149,17 @@ def test_every_script_is_a_case_and_every_expected_entry_names_one() -> None:
         assert name in CASES and set(launchers) <= {"fork", "exec"} and all(launchers.values()), name
 
 
+def test_a_record_glued_to_a_warning_line_is_kept() -> None:
+    """Workers write through (torchrun's `python -u`, resctl's forked workers alike): a rank's record can land
+    between another rank's warning text and its newline. The warning is noise; the record is the script's."""
+    raw = ["/x/torch/cuda/__init__.py:64: FutureWarning: The pynvml package is deprecated.",
+           "  import pynvml  # type: ignore[import]OUT rank=0 0000 xx", "OUT rank=1 0000 xx"]
+    out = Outcome("torchrun", 0, 0.0, raw)
+    parse(out)
+    assert out.ranked == {0: ["OUT rank=0 0000 xx"], 1: ["OUT rank=1 0000 xx"]}
+    assert not out.unranked
+
+
 @pytest.mark.xfail(reason="console_sample.txt predates issue 20's fix that puts a forked worker's traceback on "
                           "the console; the sample and its expected split need redoing", strict=False)
 def test_console_split_keeps_the_scripts_lines_and_drops_the_launchers() -> None:
