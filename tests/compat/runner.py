@@ -283,10 +283,7 @@ def _kill_leftovers(mark: str, seen: dict[int, float], grace: float) -> int:
 # --- parsing --------------------------------------------------------------------------------------
 
 def parse(out: Outcome) -> None:
-    # Records split first: a worker's record written between another's warning text and its newline
-    # ("  import pynvml  # type: ignore[import]OUT rank=0 ...") went with the warning's noise line.
-    raw = [part for line in out.raw for part in RECORD.split(line.rstrip())]
-    script_lines, out.launcher_lines = split_launcher(raw)
+    script_lines, out.launcher_lines = split_launcher([line.rstrip() for line in out.raw])
     ranked: dict[int, list[str]] = collections.defaultdict(list)
     for line in normalize(_records(script_lines)):
         fact = FACT.match(line)
@@ -321,6 +318,9 @@ def split_launcher(lines: list[str]) -> tuple[list[str], list[str]]:
     while i < len(lines):
         line = lines[i]
         if any(n.search(line) for n in NOISE):
+            # a record another worker wrote between this warning's text and its newline is the script's
+            # ("  import pynvml  # type: ignore[import]OUT rank=0 ..."): the rest of the line is noise
+            script.extend(RECORD.split(line)[1:])
             i += 1
             continue
         if line.startswith("resctl: "):
