@@ -14,13 +14,13 @@ def entry() -> None:
     if not prestart.wanted(sys.argv[1:], {}):
         main()
         return
+    from resctl.shim.ending import exit_status
+
     try:
         main()
         code = 0
     except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        if isinstance(exit_.code, str):
-            print(exit_.code, file=sys.stderr)
+        code = exit_status(exit_.code)
     lifeline.exit_quickly(code)
 
 

@@ -200,9 +200,6 @@ def exit_code(code: int, received: Sequence[int]) -> int:
 EXIT_SLACK = 5.0
 
 
-_OWN_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-
-
 def wait_stopping(child: "subprocess.Popen[bytes]", received: Sequence[int], term_timeout: float,
                   on_event: Callable[[str], None]) -> int:
     """Wait for the launcher; once a stop was forwarded, SIGKILL its whole process tree if it is
@@ -294,7 +291,7 @@ def run(launch_plan: LaunchPlan, on_event: Callable[[str], None] = print) -> int
         # terminal's and the forwarded one): the second landed while it was SIGINTing the workers, and
         # it SIGTERMed them instead, before their `except KeyboardInterrupt:` cleanup ran.
         child = (prestart.hand_over(launcher_program(), launch_plan.args, env)
-                 or subprocess.Popen(launcher_program() + launch_plan.args, env=env, **_OWN_GROUP))
+                 or subprocess.Popen(launcher_program() + launch_plan.args, env=env, **prestart.OWN_GROUP))
         children.append(child)
         for signum in received:  # arrived while the launcher was starting
             child.send_signal(signum)

@@ -35,7 +35,8 @@ ENTRY = "resctl.launch.ft_entry"
 #: this passes on (an exec plan drops it: their new interpreters start buffered, as under torchrun).
 LATE_READ = ("TORCHELASTIC_", "NCCL_", "TORCH_NCCL_", "FI_", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "PYTHONUNBUFFERED")
 _NO_LAUNCH = {"--dry-run", "--help", "-h"}
-_OWN_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+#: Popen arguments for a launcher in a process group of its own (execute.run says why)
+OWN_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 
 
 class _Warm:
@@ -67,7 +68,7 @@ def begin(argv: Sequence[str]) -> None:
     env[contract.PRESTART_FD] = str(read_fd)
     try:
         _Warm.process = subprocess.Popen([sys.executable, "-m", ENTRY, AWAIT], env=env, pass_fds=(read_fd,),
-                                         **_OWN_GROUP)
+                                         **OWN_GROUP)
         _Warm.write_fd = write_fd
     except OSError:
         os.close(write_fd)  # the launcher starts the usual way
