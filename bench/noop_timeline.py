@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -57,8 +58,6 @@ def timeline(run_dir: Path, t0: float) -> list[tuple[float, str]]:
 
 def traced(cmd: list[str], cwd: Path, label: str) -> None:
     """One more run of `cmd` under bench/start_trace/sitecustomize.py, its processes' trace printed as one timeline."""
-    import os
-
     trace = cwd / f"trace-{label}.txt"
     env = {**os.environ, "RESCTL_START_TRACE": str(trace),
            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE / "start_trace"), os.environ.get("PYTHONPATH", "")) if p)}
