@@ -87,18 +87,24 @@ class Job:
         self.proc.wait()
 
 
+#: resctl's launcher modifiers (`resctl[@LABEL][:MOD...]`): the profile keys each sets
+MODIFIERS = {"exec": "launch.worker_start=exec", "standby": "launch.standby=on", "nostandby": "launch.standby=off"}
+
+
 def argv_for(launcher: str, nproc: int, script: Path, script_args: list[str], resctl_args: list[str]) -> list[str]:
-    """`resctl[@LABEL][:exec]`: `:exec` starts resctl's workers as fresh interpreters (`launch.worker_start`)."""
+    """`resctl[@LABEL][:exec][:standby|:nostandby]`: `:exec` starts resctl's workers as fresh interpreters
+    (`launch.worker_start`); `:standby`/`:nostandby` turn exec'd workers' standby interpreters on/off (`launch.standby`;
+    without either: auto)."""
     common = ["--nproc-per-node", str(nproc), "--max-restarts", "3"]
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", *common, str(script), *script_args]
-    start = ["--set", "launch.worker_start=exec"] if launcher.endswith(":exec") else []
+    start = [a for mod in launcher.split(":")[1:] for a in ("--set", MODIFIERS[mod])]
     return [sys.executable, "-m", "resctl", "run", *common, *start, *resctl_args, str(script), *script_args]
 
 
 def env_for(launcher: str, env: dict[str, str], nvrx_paths: dict[str, str]) -> dict[str, str]:
     """`resctl@LABEL`: the environment with that NVRx's directories first on PYTHONPATH."""
-    _, _, label = launcher.removesuffix(":exec").partition("@")
+    _, _, label = launcher.split(":")[0].partition("@")
     if not label:
         return env
     if label not in nvrx_paths:
@@ -165,7 +171,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--kill-after", type=int, default=15, help="kill once this step is printed (after a snapshot)")
     ap.add_argument("--kill-rank", type=int, default=-1, help="default: the last rank")
-    ap.add_argument("--launchers", default="torchrun,resctl", help="torchrun, resctl, resctl@LABEL (see --nvrx-path), any resctl with :exec (exec'd workers)")
+    ap.add_argument("--launchers", default="torchrun,resctl", help="torchrun, resctl, resctl@LABEL (see --nvrx-path), any resctl with :exec (exec'd workers), :standby / :nostandby (their standby interpreters)")
     ap.add_argument("--nvrx-path", action="append", default=[], metavar="LABEL=DIRS",
                     help="where the NVRx of `resctl@LABEL` is: directories put first on PYTHONPATH (':'-separated)")
     ap.add_argument("--resctl-args", default="", help="extra `resctl run` arguments, space separated")

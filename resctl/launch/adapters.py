@@ -14,6 +14,8 @@ builds instead of its own (`agent.install`). What is left here cannot be a metho
   round, no wait for a lost node's keep-alive to expire before a restart round, the keep-alive
   interval from the profile. On NVRx 0.4/0.5 the agent (`ResctlAgent._rendezvous`,
   `_share_and_gather`) takes each node's local world size from the round's outcome.
+- **Exec'd workers start in a standby** where one is ready (`resctl.launch.standby.install`: torch elastic's
+  handler, through resctl's subclass of it).
 - **Processes forked from the launcher** (workers, rank monitors) get NVRx's code unpatched, a process
   group of their own and a SIGTERM when the launcher dies (`install_fork_hook`).
 
@@ -28,7 +30,7 @@ import re
 import signal
 from typing import Any
 
-from resctl.launch import fork_signals, launcher_logs, rdzv_install, spares
+from resctl.launch import fork_signals, launcher_logs, rdzv_install, spares, standby
 from resctl.launch.launcher_logs import monitor_to_log
 from resctl.patching import Patches
 
@@ -121,6 +123,7 @@ def apply_adapters() -> list[str]:
     _no_abbreviations(PATCHES)
     _titled_rank_monitors(PATCHES)
     spares.spare_lines(PATCHES)
+    standby.install(PATCHES)
     return PATCHES.applied
 
 

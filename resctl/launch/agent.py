@@ -63,6 +63,7 @@ from resctl.launch import owned_rdzv, rdzv_install, spares, stop
 from resctl.launch.preload import LatePreload
 from resctl.launch.rdzv_rounds import RendezvousView
 from resctl.launch.signal_trace import SignalTrace
+from resctl.launch.standby import Standbys
 from resctl.patching import Patches
 from resctl.profile import contract
 
@@ -434,6 +435,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         finally:
             self.job_stop.inside_run = False
             LatePreload.abandon()  # the job is over (done, failed or stopped): no fork after this
+            Standbys.close()  # nor a worker to start in one
 
     def _rendezvous(self, worker_group: Any) -> None:
         if rdzv_install.compat_agent_api() is not None:  # NVRx 0.4/0.5: this node's line in resctl's round
@@ -578,12 +580,13 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
             return
         self.job_stop.check()
         LatePreload.maybe_start()
+        Standbys.maybe_start()
         trace = [self.job_stop.trace.fd] if self.job_stop.trace.fd >= 0 else []
         after_look, self._looked = self._looked, False
         pids = self.live_pids()
         # Only a sleep beside running workers (the monitor's) looks for the late preload's note more often; NVRx's
         # other sleeps (its barriers count down by the time asked) are kept whole.
-        wait = LatePreload.look_within(seconds) if pids else seconds
+        wait = min(LatePreload.look_within(seconds), Standbys.look_within(seconds)) if pids else seconds
         sleep_until_exit(pids, self.result_fds() + trace, wait, after_look=after_look)
 
     # -- inside --------------------------------------------------------------------------------------

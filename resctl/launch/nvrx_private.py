@@ -6,7 +6,8 @@ not listed here, and `resctl.launch.ft_entry` refuses to start a launcher whose 
 (exit 2, before any worker).
 
 Which code uses each: `resctl.launch.agent` (the agent's seams and state), `resctl.launch.adapters`
-(what cannot be a method of the agent), `resctl.launch.spares`, `resctl.launch.rdzv_install`, and the
+(what cannot be a method of the agent), `resctl.launch.spares`, `resctl.launch.rdzv_install`,
+`resctl.launch.standby`, and the
 workers' side (`resctl.shim`, `resctl.checkpoint`: the torch names at the end). Public names
 (`LocalElasticAgent`, `RankMonitorServer.run`, `get_args_parser`, `ProcessContext.join`) are not
 listed; a change there fails at import or in the tests.
@@ -156,6 +157,12 @@ NAMES: tuple[Private, ...] = (
             ("0.4",), ("0.4.1",)),
     Private(TORCH_MP, "_terminate_process_handler", "attribute", "the stop signals' handler the agent takes over",
             ("0.6+",), ("0.7.0",)),
+    # exec'd workers started in a standby interpreter (`resctl.launch.standby`): the handler's Popen, in resctl's subclass
+    Private("nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing.subprocess_handler."
+            "subprocess_handler:SubprocessHandler", "_popen", "method", "a worker's process: its standby's, where one is "
+            "ready", ("0.4",), ("0.4.1",)),
+    Private("torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler:SubprocessHandler",
+            "_popen", "method", "as in NVRx 0.4's copy", ("0.6+",), ("0.7.0",)),
     Private("multiprocessing.queues:SimpleQueue", "_reader", "instance",
             "the result queues' read end (torch's `_ret_vals`): its fd wakes the monitor sleep"),
     # resctl's rendezvous on NVRx 0.4 (`resctl.launch.rdzv_install`): the compat agent's seams

@@ -113,12 +113,14 @@ class _Plan:
     data = b""
 
 
-def listen() -> None:
+def listen(fd: int | None = None) -> None:
     """In the waiting interpreter, first: read the plan in a thread, so that a CLI that launches nothing (its pipe
-    closed with no plan: a bad profile, exit 2) ends this interpreter at once, not after torch's import (~1 CPU-s)."""
+    closed with no plan: a bad profile, exit 2) ends this interpreter at once, not after torch's import (~1 CPU-s).
+    The pipe is `fd`, else the one `contract.PRESTART_FD` names (a worker's standby: `resctl.launch.standby`)."""
+    if fd is None:
+        fd = int(os.environ.pop(contract.PRESTART_FD))
 
     def read() -> None:
-        fd = int(os.environ.pop(contract.PRESTART_FD))
         with os.fdopen(fd, "rb") as pipe:
             _Plan.data = pipe.read()
         if not _Plan.data:  # `resctl run` started no launcher
@@ -128,14 +130,19 @@ def listen() -> None:
     _Plan.listener.start()
 
 
-def receive() -> str:
-    """In the waiting interpreter: take the plan (`listen`), then become the launcher it describes. Returns the line
-    the launcher's log keeps of it."""
+def received() -> Any:
+    """The plan, once it came (`listen`)."""
     if _Plan.listener is None:
         listen()
     assert _Plan.listener is not None
     _Plan.listener.join()
-    plan = json.loads(_Plan.data)
+    return json.loads(_Plan.data)
+
+
+def receive() -> str:
+    """In the waiting interpreter: take the plan (`listen`), then become the launcher it describes. Returns the line
+    the launcher's log keeps of it."""
+    plan = received()
     args, env = [str(a) for a in plan["args"]], {str(k): str(v) for k, v in plan["env"].items()}
     differs = changed(os.environ, env) - {contract.LAUNCHER_PID}
     early = sorted(name for name in differs if not late_read(name))

@@ -73,6 +73,7 @@ def remove(path: Path) -> None:
     clear(path)
     clear_left(path)
     clear(path.with_name(LATE_IMPORTS))
+    clear(path.with_name(STEPPED))
     clear(path.with_name(path.name + ".tmp"))
     try:
         path.parent.rmdir()
@@ -162,6 +163,23 @@ def mark_late_imports(env: Mapping[str, str]) -> None:
 def late_imports_marked(path: Path) -> bool:
     """A worker of this launcher (whose marker is `path`) said its script imported the late preload."""
     return _trusted(path.with_name(LATE_IMPORTS)) is not None
+
+
+#: An exec'd worker's note beside the marker at its first step: its script imports torch ("torch"), and the late
+#: preload's modules too ("late"): the launcher's standbys import the same (`resctl.launch.standby`).
+STEPPED = "stepped"
+STEPPED_TORCH, STEPPED_LATE = "torch", "late"
+
+
+def mark_stepped(env: Mapping[str, str], late: bool) -> None:
+    """An exec'd worker made its first step (`STEPPED`); best effort."""
+    _mark(env, STEPPED, STEPPED_LATE if late else STEPPED_TORCH)
+
+
+def stepped_mark(path: Path) -> str | None:
+    """What a worker of this launcher (whose marker is `path`) noted at its first step (None: no note yet)."""
+    data = _trusted(path.with_name(STEPPED))
+    return None if data is None else data.decode("ascii", "replace")
 
 
 #: What a worker saving the job stop's final checkpoint writes in its `saving-<pid>` file (`mark_saving`).

@@ -135,6 +135,13 @@ def late_preload(plan: Mapping[str, Any] | None) -> str:
     return value if value in ("at-once", "late", "after-restart") else "auto"
 
 
+def standby(plan: Mapping[str, Any] | None) -> str:
+    """plan.json's `launch.standby` ("auto" where absent or not one of the schema's values)."""
+    section = _section(plan, "launch")
+    value = section.get("standby") if section is not None else None
+    return value if value in ("on", "off") else "auto"
+
+
 @dataclass(frozen=True)
 class CheckpointPlan:
     """What plan.json says of the job's saves (None: absent or not valid: the run's events decide)."""

@@ -292,6 +292,15 @@ class Launch(Section):
         "the same, only once the job has restarted (a job that never fails never pays for it). auto: at-once where "
         "the node has 2 cores to spare beyond one per local worker (its CPU affinity and cgroup limit), else late.",
     )
+    standby: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="worker_start = \"exec\": keep one interpreter per local rank started in advance, with torch (and "
+        "what the workers imported at their first step) imported, that a restarted worker starts in instead of a new "
+        "one (resctl/launch/standby.py): an exec'd restart without its ~1-2.5 s of imports. It starts once a worker "
+        "made its first step; costs one idle interpreter per local rank (host memory, no GPU memory) and its import's "
+        "CPU once per restart. auto: on where the node has 2 cores to spare beyond one per local worker (as "
+        "late_preload), else off.",
+    )
     log_dir: Path_ = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
     redirects: StdSpec = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")
     tee: StdSpec = Field("0", description="torchrun -t: tee worker stdout/stderr into log_dir and the console.")
