@@ -10,7 +10,9 @@
 #   tutorial: pytorch/examples' DDP tutorial (multigpu_torchrun.py, datautils.py in $EXAMPLES), killed at epoch 100
 #   blocked:  a survivor blocked in a CUDA kernel: 2 ranks on the one GPU over gloo, 50 ms steps; after step 15 rank 0
 #             spins in a kernel and synchronizes (bench/scripts/ddp_snapshot.py --block-at 15:0), rank 1 is killed -9:
-#             kill -> both ranks' first step, torchrun, resctl forked and resctl exec'd alternating
+#             kill -> both ranks' first step, torchrun, resctl forked, resctl exec'd without and with standby interpreters
+#             (launch.standby) alternating
+#   standby:  bench/standby_cost.py: one standby interpreter's import time, CPU, memory and GPU memory
 # Wheels (cp312, git-ignored, carried): .whl = the NVRx 0.4.1 set (bench/gpu_issue41.sh), .whl07 = NVRx 0.7.0.
 # torch's bytecode is compiled first where the image has none (a user's image has it: pip compiles at install).
 # Usage on the device: OUT=$OUT BEFORE=.gpu/before EXAMPLES=.gpu/examples bash bench/gpu_issue43.sh [parts]
@@ -52,9 +54,12 @@ for part in ${*:-kill happy tutorial}; do
     blocked) echo "== survivor blocked in a CUDA kernel, 2 ranks on one GPU (gloo), kill -9 of rank 1 after step 15"
       timeout ${BLOCKED_TIMEOUT:-240} python3 bench/bench_kill_resume.py --script ddp --nproc 2 --device cuda --faults $ROUNDS \
         --clean 0 --steps 40 --kill-after 15 --script-args "--step-time 0.05 --backend gloo --block-at 15:0" \
-        --launchers ${BLOCKED_LAUNCHERS:-torchrun,resctl,resctl:exec} --timeout ${BLOCKED_ROUND_TIMEOUT:-30} \
+        --launchers ${BLOCKED_LAUNCHERS:-torchrun,resctl,resctl:exec:nostandby,resctl:exec:standby} --timeout ${BLOCKED_ROUND_TIMEOUT:-30} \
         > "$OUT/blocked.json" 2> "$OUT/blocked.err"
       echo "exit $?"; grep "^kill" "$OUT/blocked.err"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50']['kill_to_first_step'])); [print(e[-600:]) for e in d.get('errors', [])]" "$OUT/blocked.json";;
+    standby) echo "== one standby interpreter's cost (torch, the shim, torch._dynamo and FSDP imported)"
+      timeout 120 python3 bench/standby_cost.py --late --repeats 3 > "$OUT/standby.json" 2> "$OUT/standby.err"
+      echo "exit $?"; cut -c1-400 "$OUT/standby.json" | tail -c 400;;
     tutorial) echo "== DDP tutorial, 1 GPU, kill at epoch 100"
       timeout ${TUTORIAL_TIMEOUT:-120} python3 bench/bench_tutorial_kill.py --examples "$EXAMPLES" --rounds $ROUNDS --keep "$OUT/tutorial-runs" \
         > "$OUT/tutorial.json" 2> "$OUT/tutorial.err"

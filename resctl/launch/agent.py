@@ -478,6 +478,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         self._own_groups()
         self._own_stop_signals()
         LatePreload.workers_started(len(self.live_pids()))
+        Standbys.workers_started()  # for the next start, beside these workers
         self._looked = True  # a worker that ends before the first sleep ends it (`sleep_until_exit`)
 
     def _own_groups(self) -> None:
@@ -580,13 +581,12 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
             return
         self.job_stop.check()
         LatePreload.maybe_start()
-        Standbys.maybe_start()
         trace = [self.job_stop.trace.fd] if self.job_stop.trace.fd >= 0 else []
         after_look, self._looked = self._looked, False
         pids = self.live_pids()
         # Only a sleep beside running workers (the monitor's) looks for the late preload's note more often; NVRx's
         # other sleeps (its barriers count down by the time asked) are kept whole.
-        wait = min(LatePreload.look_within(seconds), Standbys.look_within(seconds)) if pids else seconds
+        wait = LatePreload.look_within(seconds) if pids else seconds
         sleep_until_exit(pids, self.result_fds() + trace, wait, after_look=after_look)
 
     # -- inside --------------------------------------------------------------------------------------

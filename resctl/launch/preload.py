@@ -135,13 +135,8 @@ class LatePreload:
     def note_imported() -> None:
         """In a forked worker at its first optimizer step: say so when its script imported any of LATE_PRELOAD
         (torch imports torch._dynamo, and with it FSDP, when the first optimizer is built)."""
-        if LatePreload.imported():
+        if any(name in sys.modules for name in LATE_PRELOAD):
             stop.mark_late_imports(os.environ)
-
-    @staticmethod
-    def imported() -> bool:
-        """This process's script imported any of LATE_PRELOAD."""
-        return any(name in sys.modules for name in LATE_PRELOAD)
 
     @classmethod
     def start_now(cls) -> None:

@@ -1,7 +1,8 @@
 """A warm standby interpreter per local rank, for exec'd workers (`launch.worker_start = "exec"`; issue 43).
 
 A restarted exec'd worker is a new interpreter that imports torch (and what its script imports with it) before its
-first step: 2.6 s of a 3.5 s recovery on an H100 when a survivor blocked in a CUDA kernel had to be replaced too.
+first step: on an H100, a kill whose survivor was blocked in a CUDA kernel cost 3.5 s with exec'd workers against
+0.86 s with forked ones, whose new processes import nothing.
 Forked workers skip that (the launcher imported torch for them, `resctl.launch.preload`); exec'd ones cannot. So
 the launcher keeps one interpreter per local rank started in advance: `python [-u] -m resctl.launch.standby`,
 with the environment its rank's worker had, that imports what the workers import and then waits for a command
@@ -18,11 +19,15 @@ environment differs from the standby's in a variable read before the hand-over (
 torch elastic's per-round and per-rank values, NCCL_*, ...) makes the standby exec that command afresh (its PID
 kept): what a fresh worker would have been, at the old cost; so does a command that is not `python -m`.
 
-When: only once a worker of this launcher has made a step (`stop.mark_stepped`): its script imports torch (a
-script that never does keeps torchrun's fresh interpreters), and with it `preload.LATE_PRELOAD` when the worker
-had imported those (`launch.standby`: auto = where the node has `preload.SPARE_CORES` cores to spare beyond one
-per local worker, as the late preload; on; off). What it costs: one idle interpreter with torch imported per
-local rank (no CUDA context: no GPU memory), and its import's CPU once per restart, beside the training.
+When: a standby per local rank is started right after each worker start (the agent's `after_start`), beside the
+workers; it imports what forked workers get from the launcher and what a script imports at its first optimizer
+(`preload.PRELOAD`, `preload.LATE_PRELOAD`; its time and memory: bench/standby_cost.py, docs/BENCHMARKS.md). A worker starts in it only once
+a worker of this launcher has made a step (`stop.mark_stepped`): its script imports torch, as a fresh interpreter
+would then; before that (a crash at import, a script that never imports torch) the standby is let go and the worker
+starts afresh, as under torchrun. `launch.standby`: auto = where the node has `preload.SPARE_CORES` cores to spare
+beyond two per local worker (its own and its standby's import); on; off. What it costs: one idle interpreter per
+local rank with torch imported (host memory, no CUDA context: no GPU memory), and its import's
+CPU once per worker start, beside the training.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -51,15 +55,16 @@ WORKER_LATE = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_
 #: (NVRx 0.6+) and the copy NVRx 0.4/0.5 ship.
 HANDLER_MODULES = ("torch.distributed.elastic.multiprocessing.api",
                    "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing.api")
-LOOK = 0.5  # seconds: how often the launcher looks for a worker's first step while the standbys are wanted
-LOOK_FOR = 120.0  # seconds after the first workers started; past them, once a monitor interval
+#: What a standby imports: what every worker imports (what the launcher preloads for forked ones) and what a script
+#: imports at its first optimizer (the late preload's modules), as the late preload's at-once mode does.
+IMPORTS = preload.PRELOAD + preload.LATE_PRELOAD
 
 
 def choose(setting: str, cores: int, workers: int) -> bool:
     """`launch.standby` resolved for a node with `cores` usable CPUs and `workers` local workers."""
     if setting in ("on", "off"):
         return setting == "on"
-    return cores - workers >= preload.SPARE_CORES
+    return cores - 2 * workers >= preload.SPARE_CORES  # a core for each worker and one for its standby's import
 
 
 def python_command(args: Sequence[str]) -> tuple[list[str], str, list[str]] | None:
@@ -119,7 +124,6 @@ class Standbys:
     wanted: bool | None = None  # resolved at the first worker start
     seen: dict[int, tuple[list[str], dict[str, str]]] = {}  # local rank -> its last worker's command and environment
     ready: dict[int, Standby] = {}
-    started_at: float | None = None
 
     @classmethod
     def resolve(cls, env: Mapping[str, str]) -> bool:
@@ -127,18 +131,19 @@ class Standbys:
             setting = contract.standby(contract.read_plan(p) if (p := contract.Handed.of().plan) else None)
             workers = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
             cls.wanted = os.environ.get(contract.PRELOAD) != "1" and choose(setting, preload.usable_cores(), workers)
-            cls.started_at = time.monotonic()
         return cls.wanted
 
     @classmethod
     def take(cls, local_rank: int, args: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
-        """The worker of `local_rank` started in its standby (None: start it the usual way)."""
+        """The worker of `local_rank` started in its standby (None: start it the usual way): only once a worker of
+        this launcher made a step (its script imports torch: a fresh interpreter would import it too)."""
         cls.seen[local_rank] = (list(args), dict(env))
         standby = cls.ready.pop(local_rank, None)
         if standby is None:
             return None
         command = python_command(args)
-        if command is None or command[0] != standby.interpreter or not standby.hand_over(args, env):
+        if command is None or command[0] != standby.interpreter or not _stepped() \
+                or not standby.hand_over(args, env):
             standby.discard()
             return None
         import logging
@@ -148,30 +153,15 @@ class Standbys:
         return standby.process
 
     @classmethod
-    def maybe_start(cls) -> None:
-        """From the launcher's monitor loop: once a worker made a step, a standby for each local rank that has none."""
-        if not cls.wanted or not cls.seen:
+    def workers_started(cls) -> None:
+        """After each worker start (the agent's): a standby for each local rank that has none, for the next start."""
+        if not cls.wanted:
             return
-        marker = os.environ.get(stop.ENV)
-        stepped = stop.stepped_mark(Path(marker)) if marker else None
-        if stepped is None:
-            return
-        # What every worker imports (what the launcher preloads for forked ones), and the late modules if it had them
-        imports = preload.PRELOAD + (preload.LATE_PRELOAD if stepped == stop.STEPPED_LATE else ())
         for local_rank, (args, env) in sorted(cls.seen.items()):
             if local_rank not in cls.ready:
-                standby = start(args, env, imports)
+                standby = start(args, env, IMPORTS)
                 if standby is not None:
                     cls.ready[local_rank] = standby
-
-    @classmethod
-    def look_within(cls, seconds: float) -> float:
-        """How long the launcher's monitor may sleep while no standby is ready yet (LOOK in the first LOOK_FOR s)."""
-        since = cls.started_at
-        if cls.wanted and since is not None and len(cls.ready) < len(cls.seen) \
-                and time.monotonic() - since < LOOK_FOR:
-            return min(seconds, LOOK)
-        return seconds
 
     @classmethod
     def close(cls) -> None:
@@ -179,6 +169,12 @@ class Standbys:
         for standby in cls.ready.values():
             standby.discard()
         cls.ready.clear()
+
+
+def _stepped() -> bool:
+    """A worker of this launcher noted its first step (`stop.mark_stepped`)."""
+    marker = os.environ.get(stop.ENV)
+    return marker is not None and stop.stepped_marked(Path(marker))
 
 
 def start(args: Sequence[str], env: Mapping[str, str], imports: Sequence[str]) -> Standby | None:

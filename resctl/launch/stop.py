@@ -165,21 +165,19 @@ def late_imports_marked(path: Path) -> bool:
     return _trusted(path.with_name(LATE_IMPORTS)) is not None
 
 
-#: An exec'd worker's note beside the marker at its first step: its script imports torch ("torch"), and the late
-#: preload's modules too ("late"): the launcher's standbys import the same (`resctl.launch.standby`).
+#: An exec'd worker's note beside the marker at its first step: its script imports torch, so a restarted worker may
+#: start in a standby interpreter that imported it already (`resctl.launch.standby`).
 STEPPED = "stepped"
-STEPPED_TORCH, STEPPED_LATE = "torch", "late"
 
 
-def mark_stepped(env: Mapping[str, str], late: bool) -> None:
+def mark_stepped(env: Mapping[str, str]) -> None:
     """An exec'd worker made its first step (`STEPPED`); best effort."""
-    _mark(env, STEPPED, STEPPED_LATE if late else STEPPED_TORCH)
+    _mark(env, STEPPED, "1")
 
 
-def stepped_mark(path: Path) -> str | None:
-    """What a worker of this launcher (whose marker is `path`) noted at its first step (None: no note yet)."""
-    data = _trusted(path.with_name(STEPPED))
-    return None if data is None else data.decode("ascii", "replace")
+def stepped_marked(path: Path) -> bool:
+    """A worker of this launcher (whose marker is `path`) noted its first step."""
+    return _trusted(path.with_name(STEPPED)) is not None
 
 
 #: What a worker saving the job stop's final checkpoint writes in its `saving-<pid>` file (`mark_saving`).

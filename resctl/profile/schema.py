@@ -294,12 +294,11 @@ class Launch(Section):
     )
     standby: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="worker_start = \"exec\": keep one interpreter per local rank started in advance, with torch (and "
-        "what the workers imported at their first step) imported, that a restarted worker starts in instead of a new "
-        "one (resctl/launch/standby.py): an exec'd restart without its ~1-2.5 s of imports. It starts once a worker "
-        "made its first step; costs one idle interpreter per local rank (host memory, no GPU memory) and its import's "
-        "CPU once per restart. auto: on where the node has 2 cores to spare beyond one per local worker (as "
-        "late_preload), else off.",
+        description="worker_start = \"exec\": one interpreter per local rank, started beside the workers, imports "
+        "torch and what a script imports at its first optimizer, and waits; once a worker has made a step, a restarted "
+        "worker starts in it instead of a new interpreter (resctl/launch/standby.py): an exec'd restart without its "
+        "imports. Costs one idle interpreter per local rank (host memory, no GPU memory) and its import's CPU once per "
+        "worker start. auto: on where the node has 2 cores to spare beyond two per local worker, else off.",
     )
     log_dir: Path_ = Field("", description="Worker log directory (torchrun --log-dir); empty: <run_dir>/logs.")
     redirects: StdSpec = Field("0", description="torchrun -r: redirect worker stdout/stderr into log_dir (0-3 or per rank).")

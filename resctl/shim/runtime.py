@@ -203,12 +203,12 @@ class Shim:
     def _note_late_imports(self) -> None:
         """Once, at the first step: a forked worker tells its launcher when the script imported what the
         launcher imports late for restarted workers (`resctl.launch.preload.LatePreload`); an exec'd one that it
-        stepped, and whether with those (its standby imports the same: `resctl.launch.standby`)."""
+        stepped (its script imports torch: a restarted worker may start in a standby, `resctl.launch.standby`)."""
         self._late_noted = True
         if self.forked:
             LatePreload.note_imported()
         else:
-            stop.mark_stepped(os.environ, late=LatePreload.imported())
+            stop.mark_stepped(os.environ)
 
     def ping(self) -> None:
         """Tell the in-process wrapper's progress watchdog that training is progressing."""

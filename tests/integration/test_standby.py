@@ -31,16 +31,15 @@ def _standbys_of(run_dir: Path) -> list[int]:
 
 
 def test_a_killed_exec_job_restarts_in_its_standbys_and_ends_as_torchrun_s_run(tmp_path: Path) -> None:
-    args = snapshot_job(tmp_path, "standby", steps=60, extra=("--set", "launch.worker_start=exec",
+    args = snapshot_job(tmp_path, "standby", steps=40, extra=("--set", "launch.worker_start=exec",
                                                                "--set", "launch.standby=on"))
-    args[args.index("--step-time") + 1] = "0.1"  # the kill comes 3 s after the first step: the standbys exist by then
-    code, out = finish(start(args, cwd=tmp_path, env={"RESCTL_FAULTS": "sigkill@30:1"}), timeout=240)
+    code, out = finish(start(args, cwd=tmp_path, env={"RESCTL_FAULTS": "sigkill@15:1"}), timeout=240)
     assert code == 0, out[-4000:]
     log = (tmp_path / "standby" / "launcher.log").read_text()
     assert "local_rank=0 " + SAID in log and "local_rank=1 " + SAID in log, log[-4000:]
     assert _standbys_of(tmp_path / "standby") == []  # the next round's standbys went with the job
 
-    reference = torchrun(["--nproc-per-node", "2", SNAPSHOT_SCRIPT, "--steps", "60", "--step-time", "0.01",
+    reference = torchrun(["--nproc-per-node", "2", SNAPSHOT_SCRIPT, "--steps", "40", "--step-time", "0.01",
                           "--snapshot", str(tmp_path / "ref-snapshot.pt"), "--out", str(tmp_path / "ref-final.pt")],
                          cwd=tmp_path, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert reference.returncode == 0, reference.stdout[-2000:] + reference.stderr[-2000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from resctl.launch import preload, standby
+from resctl.launch import standby
 from resctl.launch.standby import Standbys
 
 pytestmark = pytest.mark.launcher
@@ -58,8 +58,8 @@ def test_only_python_dash_m_of_this_interpreter_is_taken(args: list[str], want: 
 
 
 @pytest.mark.parametrize(("setting", "cores", "workers", "want"), [
-    ("on", 1, 8, True), ("off", 64, 1, False), ("auto", 16, 1, True), ("auto", 2, 1, False), ("auto", 10, 8, True),
-    ("auto", 9, 8, False), ("bogus", 2, 1, False),
+    ("on", 1, 8, True), ("off", 64, 1, False), ("auto", 16, 1, True), ("auto", 3, 1, False), ("auto", 4, 1, True),
+    ("auto", 18, 8, True), ("auto", 17, 8, False), ("auto", 192, 8, True), ("bogus", 2, 1, False),
 ])
 def test_auto_keeps_standbys_where_cores_are_spare(setting: str, cores: int, workers: int, want: bool) -> None:
     assert standby.choose(setting, cores, workers) is want
@@ -120,9 +120,21 @@ def test_a_standby_whose_pipe_closes_without_a_command_exits_at_once(probe: tupl
     assert ready.process.wait(30) == 0
 
 
-def test_take_refuses_another_interpreter_and_records_what_it_saw(probe: tuple[Path, dict[str, str]],
+def _marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from resctl.launch import stop
+
+    marker = tmp_path / "stop" / "marker"
+    marker.parent.mkdir(mode=0o700)
+    monkeypatch.setenv(stop.ENV, str(marker))
+    return marker
+
+
+def test_take_refuses_another_interpreter_and_records_what_it_saw(tmp_path: Path, probe: tuple[Path, dict[str, str]],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from resctl.launch import stop
+
     out, env = probe
+    stop.mark_stepped({stop.ENV: str(_marker(tmp_path, monkeypatch))})
     monkeypatch.setattr(Standbys, "seen", {})
     monkeypatch.setattr(Standbys, "ready", {})
     args = [PY, "-u", "-m", "standby_probe"]
@@ -137,23 +149,29 @@ def test_take_refuses_another_interpreter_and_records_what_it_saw(probe: tuple[P
     assert _seen(out, ready.process)["rank"] == "1"
 
 
-def test_standbys_start_after_a_worker_stepped_with_what_it_imported(tmp_path: Path, probe: tuple[Path, dict[str, str]],
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_standby_per_rank_after_each_start_taken_only_once_a_worker_stepped(
+        tmp_path: Path, probe: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
     from resctl.launch import stop
 
-    _, env = probe
-    marker = tmp_path / "stop" / "marker"
-    marker.parent.mkdir(mode=0o700)
-    monkeypatch.setenv(stop.ENV, str(marker))
+    out, env = probe
+    marker = _marker(tmp_path, monkeypatch)
     monkeypatch.setattr(Standbys, "wanted", True)
-    monkeypatch.setattr(Standbys, "seen", {0: ([PY, "-u", "-m", "standby_probe"], env), 1: ([PY, "x.py"], env)})
+    monkeypatch.setattr(Standbys, "seen", {})
     monkeypatch.setattr(Standbys, "ready", {})
-    started: list[tuple[str, ...]] = []
-    monkeypatch.setattr(standby, "start", lambda args, env, imports: started.append(tuple(imports)) or "standby")
-    Standbys.maybe_start()
-    assert started == []  # no worker stepped yet
-    stop.mark_stepped({stop.ENV: str(marker)}, late=True)
-    Standbys.maybe_start()
-    assert started == [preload.PRELOAD + preload.LATE_PRELOAD] * 2 and Standbys.ready == {0: "standby", 1: "standby"}
-    Standbys.maybe_start()
-    assert len(started) == 2  # one a rank
+    args = [PY, "-u", "-m", "standby_probe"]
+    assert Standbys.take(0, args, env) is None and Standbys.take(1, [PY, "x.py"], env) is None
+    Standbys.workers_started()
+    first = Standbys.ready[0]
+    assert list(Standbys.ready) == [0]  # rank 1 is not `python -m`: none for it
+    Standbys.workers_started()
+    assert Standbys.ready == {0: first}  # one a rank
+    assert Standbys.take(0, args, env) is None  # no worker stepped yet: let go, started afresh
+    assert first.process.wait(30) is not None
+    Standbys.workers_started()
+    stop.mark_stepped({stop.ENV: str(marker)})
+    second = Standbys.ready[0]
+    assert Standbys.take(0, args, env | {"RANK": "5"}) is second.process
+    assert _seen(out, second.process)["rank"] == "5"
+    Standbys.workers_started()
+    Standbys.close()
+    assert Standbys.ready == {}
