@@ -147,7 +147,7 @@ def receive() -> str:
     differs = changed(os.environ, env) - {contract.LAUNCHER_PID}
     early = sorted(name for name in differs if not late_read(name))
     if early:
-        _log(env, f"resctl: the launcher's interpreter, started before the plan, starts again with the plan's "
+        log_line(env, f"resctl: the launcher's interpreter, started before the plan, starts again with the plan's "
                   f"environment ({', '.join(early)}: not as resctl run's)")
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, "-m", ENTRY, *args], env)
@@ -160,7 +160,8 @@ def receive() -> str:
     return "resctl: the launcher's interpreter was started before the plan was made (resctl.launch.prestart)"
 
 
-def _log(env: Mapping[str, str], line: str) -> None:
+def log_line(env: Mapping[str, str], line: str) -> None:
+    """A line in the launcher's log of the run `env` names (best effort)."""
     from resctl.launch.launcher_logs import LOG_FILE  # deferred: `resctl run` imports this module first thing
 
     try:

@@ -221,10 +221,10 @@ def install(patches: Patches) -> None:
 
 
 def _factory(previous: Callable[..., Any], handler: type) -> Callable[..., Any]:
-    def get_subprocess_handler(**kwargs: Any) -> Any:
-        plain = kwargs.get("stdout") or kwargs.get("stderr") or kwargs.get("numa_options") is not None
+    def get_subprocess_handler(*args: Any, **kwargs: Any) -> Any:
+        plain = args or kwargs.get("stdout") or kwargs.get("stderr") or kwargs.get("numa_options") is not None
         if plain or not Standbys.resolve(kwargs.get("env") or {}):
-            return previous(**kwargs)
+            return previous(*args, **kwargs)
         return handler(**kwargs)
 
     return get_subprocess_handler
@@ -237,19 +237,23 @@ def early_read(name: str) -> bool:
     return not (prestart.late_read(name) or name in WORKER_LATE)
 
 
-def become(plan: Mapping[str, Any]) -> None:
-    """In the standby: run the worker's command (`python -m MODULE ARGS` in this interpreter), or exec it afresh."""
+def become(plan: Mapping[str, Any], started: Mapping[str, str]) -> None:
+    """In the standby: run the worker's command (`python -m MODULE ARGS` in this interpreter), or exec it afresh.
+    `started`: the environment this interpreter started with (what its imports set since, such as inductor's
+    TORCHINDUCTOR_CACHE_DIR, a fresh worker importing the same would set too)."""
     args, env = [str(a) for a in plan["args"]], {str(k): str(v) for k, v in plan["env"].items()}
     command = python_command(args)
-    differs = prestart.changed(os.environ, env)
-    if command is None or command[0] != [sys.executable, *sys.orig_argv[1:sys.orig_argv.index("-m")]] \
-            or any(early_read(name) for name in differs):
+    differs = prestart.changed(started, env)
+    early = sorted(name for name in differs if early_read(name))
+    if command is None or command[0] != [sys.executable, *sys.orig_argv[1:sys.orig_argv.index("-m")]] or early:
+        prestart.log_line(env, f"resctl: a standby interpreter starts its worker afresh (pid {os.getpid()}: "
+                               + (", ".join(early) + " not as it started)" if early else "another command)"))
         os.execve(args[0], args, env)
     for name in differs:
         if name in env:
             os.environ[name] = env[name]
         else:
-            del os.environ[name]
+            os.environ.pop(name, None)
     lifeline.die_with_parent(0)  # a fresh worker has no parent-death signal until the shim sets its own
     preload.ImportWarnings.replay()
     import runpy
@@ -260,6 +264,7 @@ def become(plan: Mapping[str, Any]) -> None:
 
 def main(argv: Sequence[str]) -> None:
     """`python -m resctl.launch.standby FD IMPORTS`: import IMPORTS (comma list), wait for the worker's plan on FD."""
+    started = dict(os.environ)
     prestart.listen(int(argv[0]))  # the pipe closed without a plan (the launcher ended or let it go): exit 0
     lifeline.die_with_parent(signal.SIGKILL, lifeline.expected(os.environ, lifeline.LAUNCHER_PID_ENV))
     with preload.ImportWarnings.recording():
@@ -268,7 +273,7 @@ def main(argv: Sequence[str]) -> None:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - the worker imports it (and reports) itself
                 continue
-    become(prestart.received())
+    become(prestart.received(), started)
 
 
 if __name__ == "__main__":
