@@ -20,7 +20,9 @@ from tests.integration.slurm_cluster import SlurmCluster, missing
 from tests.integration.test_slurm_kit import PROFILE, SBATCH, SCRIPT, steps_reached, wait_for
 from tests.ports import free_port
 
-pytestmark = pytest.mark.slow
+# nvrx_independent: the Slurm kit's drain and requeue; the launcher's job stop and node loss they go through run on every NVRx in
+# test_node_stop, test_stop_phases and test_external_store (CI's pass 2).
+pytestmark = [pytest.mark.slow, pytest.mark.nvrx_independent]
 
 HANG_ON_N2 = """#!/bin/sh
 # The kit's RESCTL command: on n2, the first `resctl run` hangs (a node that never joins), once.

@@ -35,7 +35,9 @@ SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
 PROFILE = REPO / "tests" / "fixtures" / "slurm" / "cpu.toml"
 SCRIPT = REPO / "examples" / "train_ckpt.py"
 
-pytestmark = pytest.mark.slow
+# nvrx_independent: the Slurm kit's own drills (sbatch, signals to the batch shell and steps, requeue); the launcher's job stop and node loss they go through run on every NVRx in
+# test_node_stop, test_stop_phases and test_external_store (CI's pass 2).
+pytestmark = [pytest.mark.slow, pytest.mark.nvrx_independent]
 
 # Seconds each step sleeps after the optimizer step: short enough that the two nodes' signals often
 # straddle a step boundary (what the stop step is for).

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from resctl.launch import standby
 from resctl.launch.standby import Standbys
@@ -177,3 +179,13 @@ def test_a_standby_per_rank_after_each_start_taken_only_once_a_worker_stepped(
     Standbys.workers_started()
     Standbys.close()
     assert Standbys.ready == {}
+
+
+@given(st.lists(st.text(min_size=1, max_size=6), max_size=6))
+def test_a_command_taken_apart_is_the_command(args: list[str]) -> None:
+    for command in ([PY, *args], [PY, *args[:2], "-m", *args[2:]]):
+        parts = standby.python_command(command)
+        if parts is not None:  # only a `python [-options] -m MODULE ...` of this interpreter, given back whole
+            interpreter, module, rest = parts
+            assert [*interpreter, "-m", module, *rest] == command
+            assert all(o.startswith("-") and o not in ("-c", "-m") for o in interpreter[1:])
