@@ -13,7 +13,8 @@ environment to the standby instead of starting a process; the standby becomes th
 
 What a standby worker differs in, beside a fresh one: torch (and the rest of `imports`) is in `sys.modules`
 before the script runs, as in a forked worker; what importing it warned is shown again at hand-over, through the
-worker's filters; `/proc/PID/cmdline` names the standby module until the shim sets its title. Nothing else:
+worker's filters; `ps` shows `resctl-standby local=N` until the shim sets the worker's title, and
+`sys.orig_argv` names this module. Nothing else:
 it is a new interpreter, started with the worker's own interpreter options and environment. A worker whose
 environment differs from the standby's in a variable read before the hand-over (anything but resctl's own,
 torch elastic's per-round and per-rank values, NCCL_*, ...) makes the standby exec that command afresh (its PID
@@ -85,7 +86,6 @@ class Standby:
     process: subprocess.Popen[bytes]
     write_fd: int
     interpreter: list[str]  # [python, options...]
-    env: dict[str, str]
 
     def hand_over(self, args: Sequence[str], env: Mapping[str, str]) -> bool:
         try:
@@ -129,7 +129,10 @@ class Standbys:
     def resolve(cls, env: Mapping[str, str]) -> bool:
         if cls.wanted is None:
             setting = contract.standby(contract.read_plan(p) if (p := contract.Handed.of().plan) else None)
-            workers = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+            try:
+                workers = int(env.get("LOCAL_WORLD_SIZE", "1"))
+            except ValueError:
+                workers = 1
             cls.wanted = os.environ.get(contract.PRELOAD) != "1" and choose(setting, preload.usable_cores(), workers)
         return cls.wanted
 
@@ -191,7 +194,7 @@ def start(args: Sequence[str], env: Mapping[str, str], imports: Sequence[str]) -
         return None
     finally:
         os.close(read_fd)
-    return Standby(process, write_fd, command[0], dict(env))
+    return Standby(process, write_fd, command[0])
 
 
 # --- the seam: torch elastic's handler, through resctl's subclass ----------------------------------------------------
@@ -266,6 +269,9 @@ def main(argv: Sequence[str]) -> None:
     """`python -m resctl.launch.standby FD IMPORTS`: import IMPORTS (comma list), wait for the worker's plan on FD."""
     started = dict(os.environ)
     prestart.listen(int(argv[0]))  # the pipe closed without a plan (the launcher ended or let it go): exit 0
+    from resctl.launch.titles import set_title
+
+    set_title(f"resctl-standby local={started.get('LOCAL_RANK', '?')}")  # `ps` tells it from a worker
     lifeline.die_with_parent(signal.SIGKILL, lifeline.expected(os.environ, lifeline.LAUNCHER_PID_ENV))
     with preload.ImportWarnings.recording():
         for name in filter(None, argv[1].split(",")):

@@ -17,7 +17,8 @@ SAID = "started in its standby interpreter"
 
 
 def _standbys_of(run_dir: Path) -> list[int]:
-    """Processes still running `resctl.launch.standby` for this run (by the run directory in their environment)."""
+    """Standby processes of this run still there (by their title or command, and the run directory in their
+    environment)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -25,7 +26,7 @@ def _standbys_of(run_dir: Path) -> list[int]:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if b"resctl.launch.standby" in cmdline and f"={run_dir}\0".encode() in environ:
+        if (b"resctl-standby" in cmdline or b"resctl.launch.standby" in cmdline) and f"={run_dir}\0".encode() in environ:
             found.append(int(pid))
     return found
 
