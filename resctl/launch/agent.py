@@ -59,7 +59,7 @@ import torch.distributed as dist
 from nvidia_resiliency_ext.fault_tolerance import launcher as nvrx
 
 from resctl.health.gate import before_cycle
-from resctl.launch import owned_rdzv, rdzv_install, spares, stop
+from resctl.launch import gpu_reclaim, owned_rdzv, rdzv_install, spares, stop
 from resctl.launch.preload import LatePreload
 from resctl.launch.rdzv_rounds import RendezvousView
 from resctl.launch.signal_trace import SignalTrace
@@ -362,6 +362,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         self._looked = False
         self.starts = 0  # the cycles whose workers this launcher started
         self._seams: _ProcessContextSeams | None = None
+        self._gpu_baseline: list[float] | None = None  # each local GPU's used MB before the first workers
         clock = getattr(nvrx, "time", None)
         if isinstance(clock, LauncherClock):
             clock.agent = self
@@ -460,6 +461,8 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         """Before a cycle's workers start: the health gate may stop the launcher; a job stop that
         came during the restart goes to the new workers; last cycle's stop marks go."""
         before_cycle(self)  # resctl.health.gate: may stop the launcher before this cycle's workers start
+        if self.starts == 0 and hasattr(nvrx.LocalElasticAgent, "_wait_for_gpu_memory_reclaim"):
+            self._gpu_baseline = gpu_reclaim.baseline(gpu_reclaim.nvml_reader(), worker_group.spec.local_world_size)
         if self.job_stop.signum is not None and self.job_stop.inside_run:
             # The new workers begin the job stop (and its final save) themselves, once their shim
             # can act on it: a SIGTERM now would reach none.
@@ -519,6 +522,23 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
     def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
         self.mark_restart(self.live_pids())
         return super()._stop_workers(worker_group, *args, **kwargs)
+
+    def _wait_for_gpu_memory_reclaim(self, num_gpus: int) -> None:
+        """NVRx 0.6+, after a restart's stop: the memory the stopped workers held, measured from each GPU's use
+        before the first workers (`resctl.launch.gpu_reclaim`: NVRx's absolute 512 MB made every restart on an
+        H200 wait its whole 50 s); NVRx's own wait where there is no baseline."""
+        cfg, base = getattr(self, "_ft_cfg", None), self._gpu_baseline
+        read = gpu_reclaim.nvml_reader() if base else None
+        if cfg is None or base is None or read is None:
+            super()._wait_for_gpu_memory_reclaim(num_gpus)
+            return
+        waited = gpu_reclaim.wait(read, base, float(cfg.gpu_memory_tolerance_mb), float(cfg.gpu_memory_reclaim_timeout))
+        if waited is None:
+            log.warning("GPU memory not back within %.0f MB of its use before the first workers after %.0f s; "
+                        "starting the workers anyway", cfg.gpu_memory_tolerance_mb, cfg.gpu_memory_reclaim_timeout)
+        else:
+            log.info("GPU memory reclaimed in %.2f s (within %.0f MB of its use before the first workers)", waited,
+                     cfg.gpu_memory_tolerance_mb)
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         result = super()._monitor_workers(worker_group)

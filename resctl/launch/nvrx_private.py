@@ -163,6 +163,12 @@ NAMES: tuple[Private, ...] = (
             "ready", ("0.4",), ("0.4.1",)),
     Private("torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler:SubprocessHandler",
             "_popen", "method", "as in NVRx 0.4's copy", ("0.6+",), ("0.7.0",)),
+    # NVRx 0.6+'s wait for GPU memory after a restart's stop, made relative (`resctl.launch.gpu_reclaim`)
+    Private(f"{LAUNCHER}:LocalElasticAgent", "_wait_for_gpu_memory_reclaim", "method",
+            "the wait for the stopped workers' GPU memory, from each GPU's use before the first workers", ("0.6+",),
+            ("0.7.0",)),
+    Private(f"{LAUNCHER}:LocalElasticAgent", "_ft_cfg", "instance", "gpu_memory_tolerance_mb and "
+            "gpu_memory_reclaim_timeout of that wait", ("0.6+",), ("0.7.0",)),
     Private("multiprocessing.queues:SimpleQueue", "_reader", "instance",
             "the result queues' read end (torch's `_ret_vals`): its fd wakes the monitor sleep"),
     # resctl's rendezvous on NVRx 0.4 (`resctl.launch.rdzv_install`): the compat agent's seams
