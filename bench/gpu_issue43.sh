@@ -6,6 +6,7 @@
 #             resctl on NVRx 0.7.0 too after step 100 (resctl@0.7)
 #   happy:    bench_happy_path.py on CUDA, 1 GPU: the step (median of medians) and the no-op wall
 #   profile:  bench/gpu_step_profile.py: a tiny DDP step's phases under torchrun, resctl forked and exec'd
+#   kill07:   kill -9 after step 100 under NVRx 0.7.0 and 0.4.1, alternating (the GPU memory wait after a restart's stop)
 #   noop:     bench/noop_timeline.py: a no-op job's wall beside torchrun, and resctl's own timeline of it
 #   tutorial: pytorch/examples' DDP tutorial (multigpu_torchrun.py, datautils.py in $EXAMPLES), killed at epoch 100
 #   blocked:  a survivor blocked in a CUDA kernel: 2 ranks on the one GPU over gloo, 50 ms steps; after step 15 rank 0
@@ -40,6 +41,12 @@ for part in ${*:-kill happy tutorial}; do
           --nvrx-path before=$BEFORE:/tmp/site04 --nvrx-path 0.7=/tmp/site07 > "$OUT/kill-$after.json" 2> "$OUT/kill-$after.err"
         echo "== kill after $after: exit $?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50']['kill_to_first_step']), json.dumps(d['kill_to_first_step'])); [print(e[-300:]) for e in d.get('errors', [])]" "$OUT/kill-$after.json"
       done;;
+    kill07) echo "== kill after 100, NVRx 0.7.0 beside 0.4.1 (the GPU memory wait after the stop); idle GPU memory in use:"
+      nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+      timeout ${KILL_TIMEOUT:-200} python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda --faults $ROUNDS \
+        --clean 0 --steps 125 --kill-after 100 --script-args "--step-time 0.05" --launchers resctl@0.7,resctl \
+        --nvrx-path 0.7=/tmp/site07 --resctl-args="--set run_dir=/tmp/kill07-runs/{run_id}" > "$OUT/kill07.json" 2> "$OUT/kill07.err"
+      echo "exit $?"; grep "^kill_to" "$OUT/kill07.err"; grep -h "GPU memory" /tmp/kill07-runs/*/launcher.log | tail -4;;
     happy) echo "== happy path, cuda, 1 GPU"
       timeout ${HAPPY_TIMEOUT:-200} python3 bench/bench_happy_path.py --repeats ${REPEATS:-5} --steps 2000 --device cuda --nproc 1 \
         --resctl-path before=$BEFORE ${HAPPY_ARGS:-} --json "$OUT/happy.json" > "$OUT/happy.txt" 2>&1; echo "exit $?"; tail -9 "$OUT/happy.txt";;
