@@ -30,8 +30,9 @@ import re
 import signal
 from typing import Any
 
-from resctl.launch import fork_signals, launcher_logs, rdzv_install, spares, standby
+from resctl.launch import fork_signals, launcher_logs, lifeline, rdzv_install, spares, standby
 from resctl.launch.launcher_logs import monitor_to_log
+from resctl.launch.titles import set_title
 from resctl.patching import Patches
 
 PATCHES = Patches("launcher")
@@ -44,8 +45,6 @@ def _titled_rank_monitors(patches: Patches) -> None:
     run = RankMonitorServer.run
 
     def titled_run(*args: Any, **kwargs: Any) -> Any:
-        from resctl.launch.titles import set_title
-
         local = re.search(r"rmon(\d+)\.socket$", str(kwargs.get("ipc_socket_path", "")))
         set_title("resctl-rank-monitor" + (f" local={local[1]}" if local else ""))
         try:  # monitors stay in the launcher's process group (a worker's group is its own) ...
@@ -80,9 +79,7 @@ def _child_of_launcher(launcher_pid: int) -> None:
 
 
 def _die_with_parent(sig: int) -> None:
-    from resctl.launch.lifeline import die_with_parent
-
-    die_with_parent(sig)
+    lifeline.die_with_parent(sig)
 
 
 def _no_abbreviations(patches: Patches) -> None:

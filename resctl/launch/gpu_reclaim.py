@@ -22,7 +22,7 @@ Reader = Callable[[int], "float | None"]  # device index -> used MB (None: canno
 
 def nvml_reader() -> Reader | None:
     """Used MB of a device through NVRx's own NVML helper; None where NVML is absent."""
-    try:
+    try:  # deferred: NVRx 0.4/0.5 have no shared_utils.memory (their agent has no GPU memory wait either)
         from nvidia_resiliency_ext.shared_utils.memory import GPUMemoryLogger
     except ImportError:
         return None

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from resctl.launch import lifeline, preload, prestart, stop
+from resctl.launch.titles import set_title
 from resctl.patching import Patches
 from resctl.profile import contract
 
@@ -149,8 +152,6 @@ class Standbys:
                 or not standby.hand_over(args, env):
             standby.discard()
             return None
-        import logging
-
         logging.getLogger(__name__).info("worker local_rank=%d started in its standby interpreter (pid %d)",
                                          local_rank, standby.process.pid)
         return standby.process
@@ -259,8 +260,6 @@ def become(plan: Mapping[str, Any], started: Mapping[str, str]) -> None:
             os.environ.pop(name, None)
     lifeline.die_with_parent(0)  # a fresh worker has no parent-death signal until the shim sets its own
     preload.ImportWarnings.replay()
-    import runpy
-
     sys.argv = [args[0], *command[2]]  # run_module puts the module's path first, as `python -m` does
     runpy.run_module(command[1], run_name="__main__", alter_sys=True)
 
@@ -269,8 +268,6 @@ def main(argv: Sequence[str]) -> None:
     """`python -m resctl.launch.standby FD IMPORTS`: import IMPORTS (comma list), wait for the worker's plan on FD."""
     started = dict(os.environ)
     prestart.listen(int(argv[0]))  # the pipe closed without a plan (the launcher ended or let it go): exit 0
-    from resctl.launch.titles import set_title
-
     set_title(f"resctl-standby local={started.get('LOCAL_RANK', '?')}")  # `ps` tells it from a worker
     lifeline.die_with_parent(signal.SIGKILL, lifeline.expected(os.environ, lifeline.LAUNCHER_PID_ENV))
     with preload.ImportWarnings.recording():

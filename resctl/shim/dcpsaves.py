@@ -19,7 +19,7 @@ script that never imports it pays nothing: ~0.5 s) and records, in the events `r
   no `ckpt_persist` counts when its `.metadata` was written after it began: a rank killed in the
   collective that ends the save (after rank 0 wrote `.metadata`) leaves every future unfinished or
   failed, yet the directory is whole and the restarted script loads it. The report counts such a save
-  as the resume point, not among the checkpoints made.
+  as the resume point and among the checkpoints made, durable as of the load.
 
 Not seen: saves through DCP's lower-level or deprecated entry points (`save_state_dict`,
 `_save_state_dict`, a bound `state_dict_saver.save`), storage other than the local filesystem (an

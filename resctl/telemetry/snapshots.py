@@ -10,7 +10,8 @@ durable:
   file is matched to the save;
 - *intercepted* (`checkpoint.intercept_torch_save`): the interceptor's `ckpt_stall` with the same
   path came first on that rank; the write is durable at its `ckpt_persist` with that path (which
-  may be recorded before or after the `snapshot` event). A write that failed never is.
+  may be recorded before or after the `snapshot` event). A write that failed never is; one that never got its
+  `ckpt_persist` but that a restarted rank's `dcp.load` resumed at is, as of that load (`resume`).
 
 `SnapshotLedger` turns the events into durable snapshots; `goodput` uses it for the report and
 the shim's tracker for "which step did this `torch.load` restore".
@@ -53,6 +54,8 @@ class SnapshotLedger:
         kind = e["kind"]
         if kind == "snapshot":
             return self._snapshot(e)
+        if kind == "resume":
+            return self._loaded(e)
         path = e.get("path")
         if path is None or kind not in ("ckpt_stall", "ckpt_persist"):
             return None
@@ -76,6 +79,19 @@ class SnapshotLedger:
             return None
         self._note(None, e.get("file_id"), e["step"])
         return Durable(e["rank"], e["step"], e["t"], e["seconds"], e.get("bytes"), intercepted=False)
+
+    def _loaded(self, e: Event) -> Durable | None:
+        """A `dcp.load` resumed this rank at a write of the path still without its `ckpt_persist` (an async save
+        whose future never finished: the kill came in its closing collective, after `.metadata`): it was a whole
+        checkpoint, since it was loaded, and counts among those made, durable as of the load."""
+        path = e.get("path")
+        key = (e["rank"], path) if e.get("source") == "dcp.load" and path is not None else None
+        slot = self._inflight.get(key) if key is not None else None
+        if key is None or slot is None or slot["step"] is None or slot["step"] != e.get("step"):
+            return None
+        del self._inflight[key]
+        self._note(key[1], None, slot["step"])
+        return Durable(key[0], slot["step"], e["t"], 0.0, None, intercepted=True)
 
     def _complete(self, key: tuple[int, str], slot: dict[str, Any]) -> Durable | None:
         persist = slot["persist"]

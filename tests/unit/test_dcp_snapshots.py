@@ -172,3 +172,5 @@ def test_an_async_save_whose_future_never_finished_resumes_where_its_metadata_wa
         second.uninstall()
     assert [(e["step"], e["source"]) for e in read_run(run) if e["kind"] == "resume"] == [
         (20 if completed else 10, "dcp.load")]
+    # the save it resumed at was a checkpoint made: counted, though its future never finished (CI: 4 counted of 5)
+    assert analyze(read_run(run)).snapshots == (2 if completed else 1)
