@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from resctl.profile import contract
 
@@ -86,15 +86,21 @@ def hand_over(program: Sequence[str], args: Sequence[str], env: Mapping[str, str
     try:
         if process.poll() is not None or list(program) != [sys.executable, "-m", ENTRY]:
             return None
-        with os.fdopen(fd, "wb") as pipe:
-            fd = -1
-            pipe.write(json.dumps({"args": list(args), "env": dict(env)}).encode())
+        owned, fd = fd, -1
+        send(owned, args, env)
         return process
     except (BrokenPipeError, OSError):
         return None
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def send(fd: int, args: Sequence[str], env: Mapping[str, str]) -> None:
+    """Write a command line and environment into the pipe `fd` and close it (what `received` reads; the standby
+    interpreters of exec'd workers take theirs the same way, `resctl.launch.standby`)."""
+    with os.fdopen(fd, "wb") as pipe:
+        pipe.write(json.dumps({"args": list(args), "env": dict(env)}).encode())
 
 
 # --- in the waiting interpreter ---------------------------------------------------------------------------------
@@ -130,20 +136,29 @@ def listen(fd: int | None = None) -> None:
     _Plan.listener.start()
 
 
-def received() -> Any:
-    """The plan, once it came (`listen`)."""
+def received() -> tuple[list[str], dict[str, str]]:
+    """The command line and environment `send` wrote, once they came (`listen`)."""
     if _Plan.listener is None:
         listen()
     assert _Plan.listener is not None
     _Plan.listener.join()
-    return json.loads(_Plan.data)
+    plan = json.loads(_Plan.data)
+    return [str(a) for a in plan["args"]], {str(k): str(v) for k, v in plan["env"].items()}
+
+
+def adopt(names: Iterable[str], env: Mapping[str, str]) -> None:
+    """This process's environment takes `env`'s value of each of `names` (unset where `env` has none)."""
+    for name in names:
+        if name in env:
+            os.environ[name] = env[name]
+        else:
+            os.environ.pop(name, None)
 
 
 def receive() -> str:
     """In the waiting interpreter: take the plan (`listen`), then become the launcher it describes. Returns the line
     the launcher's log keeps of it."""
-    plan = received()
-    args, env = [str(a) for a in plan["args"]], {str(k): str(v) for k, v in plan["env"].items()}
+    args, env = received()
     differs = changed(os.environ, env) - {contract.LAUNCHER_PID}
     early = sorted(name for name in differs if not late_read(name))
     if early:
@@ -151,11 +166,7 @@ def receive() -> str:
                   f"environment ({', '.join(early)}: not as resctl run's)")
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, "-m", ENTRY, *args], env)
-    for name in differs:
-        if name in env:
-            os.environ[name] = env[name]
-        else:
-            del os.environ[name]
+    adopt(differs, env)
     sys.argv[1:] = args
     return "resctl: the launcher's interpreter was started before the plan was made (resctl.launch.prestart)"
 

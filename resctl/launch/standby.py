@@ -34,7 +34,6 @@ CPU once per worker start, beside the training.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import runpy
@@ -94,9 +93,8 @@ class Standby:
         try:
             if self.process.poll() is not None:
                 return False
-            with os.fdopen(self.write_fd, "wb") as pipe:
-                self.write_fd = -1
-                pipe.write(json.dumps({"args": list(args), "env": dict(env)}).encode())
+            fd, self.write_fd = self.write_fd, -1
+            prestart.send(fd, args, env)
             return True
         except OSError:
             return False
@@ -131,7 +129,7 @@ class Standbys:
     @classmethod
     def resolve(cls, env: Mapping[str, str]) -> bool:
         if cls.wanted is None:
-            setting = contract.standby(contract.read_plan(p) if (p := contract.Handed.of().plan) else None)
+            setting = contract.standby(contract.plan_from_env())
             try:
                 workers = int(env.get("LOCAL_WORLD_SIZE", "1"))
             except ValueError:
@@ -241,11 +239,10 @@ def early_read(name: str) -> bool:
     return not (prestart.late_read(name) or name in WORKER_LATE)
 
 
-def become(plan: Mapping[str, Any], started: Mapping[str, str]) -> None:
+def become(args: list[str], env: dict[str, str], started: Mapping[str, str]) -> None:
     """In the standby: run the worker's command (`python -m MODULE ARGS` in this interpreter), or exec it afresh.
     `started`: the environment this interpreter started with (what its imports set since, such as inductor's
     TORCHINDUCTOR_CACHE_DIR, a fresh worker importing the same would set too)."""
-    args, env = [str(a) for a in plan["args"]], {str(k): str(v) for k, v in plan["env"].items()}
     command = python_command(args)
     differs = prestart.changed(started, env)
     early = sorted(name for name in differs if early_read(name))
@@ -253,11 +250,7 @@ def become(plan: Mapping[str, Any], started: Mapping[str, str]) -> None:
         prestart.log_line(env, f"resctl: a standby interpreter starts its worker afresh (pid {os.getpid()}: "
                                + (", ".join(early) + " not as it started)" if early else "another command)"))
         os.execve(args[0], args, env)
-    for name in differs:
-        if name in env:
-            os.environ[name] = env[name]
-        else:
-            os.environ.pop(name, None)
+    prestart.adopt(differs, env)
     lifeline.die_with_parent(0)  # a fresh worker has no parent-death signal until the shim sets its own
     preload.ImportWarnings.replay()
     sys.argv = [args[0], *command[2]]  # run_module puts the module's path first, as `python -m` does
@@ -276,7 +269,7 @@ def main(argv: Sequence[str]) -> None:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - the worker imports it (and reports) itself
                 continue
-    become(prestart.received(), started)
+    become(*prestart.received(), started)
 
 
 if __name__ == "__main__":

@@ -84,10 +84,11 @@ class SnapshotLedger:
         """A `dcp.load` resumed this rank at a write of the path still without its `ckpt_persist` (an async save
         whose future never finished: the kill came in its closing collective, after `.metadata`): it was a whole
         checkpoint, since it was loaded, and counts among those made, durable as of the load."""
-        path = e.get("path")
-        key = (e["rank"], path) if e.get("source") == "dcp.load" and path is not None else None
-        slot = self._inflight.get(key) if key is not None else None
-        if key is None or slot is None or slot["step"] is None or slot["step"] != e.get("step"):
+        if e.get("source") != "dcp.load" or e.get("path") is None:
+            return None
+        key = (e["rank"], e["path"])
+        slot = self._inflight.get(key)
+        if slot is None or slot["step"] is None or slot["step"] != e.get("step"):
             return None
         del self._inflight[key]
         self._note(key[1], None, slot["step"])
