@@ -8,8 +8,11 @@ Which NVRx the suite runs on: the one Python imports (the venv's 0.4.1, or 0.7.0
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import sys
+import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -229,3 +232,24 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pyte
 @pytest.fixture
 def resctl_cmd() -> list[str]:
     return [sys.executable, "-m", "resctl"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With RESCTL_TEST_CPU=FILE, one JSON line a test: the CPU seconds its setup, call and teardown took in this
+    process and in the processes it waited for (launchers and their workers), beside its wall time: where CI's CPU
+    goes, which `--durations` (wall time, three workers sharing two cores) cannot say."""
+    path = os.environ.get("RESCTL_TEST_CPU")
+    if not path:
+        yield
+        return
+    def cpu(who: int) -> float:
+        r = resource.getrusage(who)
+        return r.ru_utime + r.ru_stime
+
+    t0, own0, kids0 = time.monotonic(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    yield
+    line = {"test": item.nodeid, "wall": round(time.monotonic() - t0, 2), "own": round(cpu(resource.RUSAGE_SELF) - own0, 2),
+            "children": round(cpu(resource.RUSAGE_CHILDREN) - kids0, 2)}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
