@@ -46,9 +46,14 @@ for part in ${*:-kill happy tutorial}; do
       timeout ${KILL_TIMEOUT:-200} python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda --faults $ROUNDS \
         --clean 0 --steps 125 --kill-after 100 --script-args "--step-time 0.05" --launchers resctl@0.7,resctl \
         --nvrx-path 0.7=/tmp/site07 --resctl-args="--set launch.run_dir=/tmp/kill07-runs/{run_id}" > "$OUT/kill07.json" 2> "$OUT/kill07.err"
-      echo "exit $?"; grep "^kill_to" "$OUT/kill07.err"; grep -h "GPU memory" /tmp/kill07-runs/*/launcher.log | tail -4;;
+      echo "exit $?"; grep "^kill_to" "$OUT/kill07.err"; grep -h "GPU memory" /tmp/kill07-runs/*/launcher.log | tail -4
+      for run in /tmp/kill07-runs/*/; do  # each run's recovery phases (resctl report), kept with its launcher.log
+        echo "-- $run: $(grep -o -m1 "nvidia-resiliency-ext [0-9.]*\|NVRx [0-9.]*" $run/launcher.log)"
+        python3 -m resctl report "$run" 2>&1 | grep -i -E "total|detect|stop|rendezvous|start workers|restore|first step" | head -9
+        mkdir -p "$OUT/kill07-runs/$(basename $run)"; cp $run/*.log $run/*.jsonl "$OUT/kill07-runs/$(basename $run)/" 2>/dev/null
+      done;;
     happy) echo "== happy path, cuda, 1 GPU"
-      timeout ${HAPPY_TIMEOUT:-200} python3 bench/bench_happy_path.py --repeats ${REPEATS:-5} --steps 2000 --device cuda --nproc 1 \
+      timeout ${HAPPY_TIMEOUT:-200} python3 bench/bench_happy_path.py --repeats ${REPEATS:-5} --steps ${HAPPY_STEPS:-2000} --device cuda --nproc 1 \
         --resctl-path before=$BEFORE ${HAPPY_ARGS:-} --json "$OUT/happy.json" > "$OUT/happy.txt" 2>&1; echo "exit $?"; tail -9 "$OUT/happy.txt";;
     profile) echo "== step phases: torchrun, resctl (forked), resctl (exec'd), alternating"
       timeout ${PROFILE_TIMEOUT:-200} python3 bench/gpu_step_profile.py --repeats ${PROFILE_REPEATS:-2} --blocks 8 --steps 200 \
