@@ -34,7 +34,7 @@ ROUNDS=${ROUNDS:-2}
 for part in ${*:-kill happy tutorial}; do
   t0=$(date +%s)
   case $part in
-    kill) for after in 15 100; do
+    kill) for after in ${KILL_AFTERS:-15 100}; do
         launchers=torchrun,resctl,resctl@before; [ $after = 100 ] && launchers=$launchers,resctl@0.7
         timeout ${KILL_TIMEOUT:-200} python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda --faults $ROUNDS \
           --clean 0 --steps $((after + 25)) --kill-after $after --script-args "--step-time 0.05" --launchers $launchers \
