@@ -44,7 +44,7 @@ for part in ${*:-kill happy tutorial}; do
     kill07) echo "== kill after 100, NVRx 0.7.0 beside 0.4.1 (the GPU memory wait after the stop); idle GPU memory in use:"
       nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
       timeout ${KILL_TIMEOUT:-200} python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda --faults $ROUNDS \
-        --clean 0 --steps 125 --kill-after 100 --script-args "--step-time 0.05" --launchers resctl@0.7,resctl \
+        --clean 0 --steps 125 --kill-after 100 --script-args "--step-time 0.05" --launchers ${KILL07_LAUNCHERS:-resctl@0.7,resctl} \
         --nvrx-path 0.7=/tmp/site07 --resctl-args="--set launch.run_dir=/tmp/kill07-runs/{run_id}" > "$OUT/kill07.json" 2> "$OUT/kill07.err"
       echo "exit $?"; grep "^kill_to" "$OUT/kill07.err"; grep -h "GPU memory" /tmp/kill07-runs/*/launcher.log | tail -4
       for run in /tmp/kill07-runs/*/; do  # each run's recovery phases (resctl report), kept with its launcher.log
