@@ -23,6 +23,7 @@ import torch
 from resctl.checkpoint import engine, intercept
 from resctl.checkpoint import format as fmt
 from resctl.checkpoint.engine import Checkpointer
+from tests.zygote import zygote
 
 CHILD = textwrap.dedent(
     """
@@ -115,7 +116,7 @@ def test_sigkill_during_writes_never_leaves_a_loadable_torn_checkpoint(tmp_path:
     torn = 0  # kills that left a temp file or directory behind (reported: it depends on timing)
     after_start = []  # leftovers seen once the next child is up (its load and install have run)
     for i in range(KILLS):
-        child = subprocess.Popen(
+        child = zygote().popen(
             [sys.executable, str(script), str(root), "1" if i % 2 == 0 else "0", str(snap)],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )

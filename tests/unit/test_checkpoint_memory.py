@@ -25,6 +25,7 @@ from resctl.checkpoint.engine import Checkpointer
 from resctl.checkpoint.shmslot import Slot
 from resctl.telemetry.events import EventLog, read_events
 from tests.unit.test_checkpoint import _assert_same, _fresh, _training
+from tests.zygote import zygote
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -222,8 +223,8 @@ def test_kill_9_during_12_memory_snapshots_never_restores_a_torn_one(tmp_path: P
     resumed: list[int] = []
     incomplete = 0
     for i in range(12):
-        proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ck")], env=env,
-                                stdout=subprocess.PIPE, text=True)
+        proc = zygote().popen([sys.executable, str(script), str(tmp_path / "ck")], env=env,
+                              stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         line = proc.stdout.readline().split()
         assert line and line[0] == "ready", line
@@ -268,8 +269,8 @@ def test_a_full_shared_memory_turns_the_tier_off_without_stopping_training(tmp_p
     script = tmp_path / "full.py"
     script.write_text(CHILD_FULL)
     env = {**os.environ, "PYTHONPATH": str(REPO), memdir.SHM_ENV: str(shm)}
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "ev")], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = zygote().run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "ev")], env=env,
+                       text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "off: OSError" in out.stdout
     offs = [e for e in read_events(tmp_path / "ev") if e["kind"] == "ckpt_mem_off"]

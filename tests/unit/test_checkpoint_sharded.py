@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port
+from tests.zygote import zygote
 
 WORKER = textwrap.dedent(
     """
@@ -77,8 +78,8 @@ def _run(script: Path, root: Path, phase: str, *args: str, **extra: str) -> None
             LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
             PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])), **extra,
         )
-        procs.append(subprocess.Popen([sys.executable, str(script), str(root), phase, *args], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(zygote().popen([sys.executable, str(script), str(root), phase, *args], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out
@@ -380,6 +381,5 @@ def test_shards_of_a_mesh_on_another_device_are_written_from_the_host_copy_at_ev
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESCTL_")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])))
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ck")], env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = zygote().run([sys.executable, str(script), str(tmp_path / "ck")], env=env, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
