@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests.zygote import zygote
 
 WORKER = textwrap.dedent(
     """
@@ -61,8 +62,8 @@ def _run(tmp_path: Path, case: str) -> dict:
     script.write_text(WORKER)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESCTL_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / f"store-{case}"), case], capture_output=True,
-                          text=True, timeout=180, env=env)
+    proc = zygote().run([sys.executable, str(script), str(tmp_path / f"store-{case}"), case], text=True, timeout=180,
+                        env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

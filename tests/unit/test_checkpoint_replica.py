@@ -31,6 +31,7 @@ from resctl.checkpoint import state as st
 from resctl.checkpoint.engine import Checkpointer
 from resctl.telemetry.events import EventLog, read_events
 from tests.unit.test_checkpoint import _assert_same, _fresh, _training
+from tests.zygote import zygote
 
 KEY = "run-r"
 
@@ -360,8 +361,8 @@ def _run_ranks(script: Path, tmp: Path, phase: str, servers: list[replica.Replic
                    GROUP_RANK=str(rank), GROUP_WORLD_SIZE="2", TORCHELASTIC_RUN_ID=KEY, OMP_NUM_THREADS="1",
                    RESCTL_SHM_DIR=str(roots[rank]), RESCTL_REPLICA_ADDR=_addr(servers[rank]),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])))
-        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp), phase], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(zygote().popen([sys.executable, str(script), str(tmp), phase], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(f"--- rank {r} ---\n{o[-3000:]}" for r, o in enumerate(outs))
     return outs
