@@ -35,7 +35,10 @@ PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch.
 # stdout and stderr passed as file descriptors; answers the child's PID, later its exit status (returncode as
 # subprocess gives it: negative for a signal). The child returns from serve() and runs the script at top level.
 SERVER = r'''
-import importlib, json, os, runpy, signal, socket, sys, threading, warnings
+import ctypes, importlib, json, os, runpy, signal, socket, sys, threading, warnings
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the test process, however it ends
+if os.getppid() != int(sys.argv[3]):
+    sys.exit(0)
 warnings.filterwarnings("ignore")
 for name in sys.argv[2].split(","):
     importlib.import_module(name)
@@ -169,7 +172,7 @@ class Zygote:
         self._dir = tempfile.mkdtemp(prefix="resctl-zygote-")
         self._path = os.path.join(self._dir, "sock")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self._proc = subprocess.Popen([sys.executable, "-c", SERVER, self._path, ",".join(PRELOAD)], env=env,
+        self._proc = subprocess.Popen([sys.executable, "-c", SERVER, self._path, ",".join(PRELOAD), str(os.getpid())], env=env,
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       text=True, start_new_session=True)
         assert self._proc.stdout is not None
