@@ -216,7 +216,7 @@ class Zygote:
         except subprocess.TimeoutExpired:
             child.kill()
             raise
-        return subprocess.CompletedProcess(args, child.returncode or 0, out, err)
+        return subprocess.CompletedProcess(args, child.wait(), out, err)
 
     def close(self) -> None:
         if self._proc.poll() is None:
