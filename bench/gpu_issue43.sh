@@ -49,7 +49,10 @@ for part in ${*:-kill happy tutorial}; do
       echo "exit $?"; grep "^kill_to" "$OUT/kill07.err"; grep -h "GPU memory" /tmp/kill07-runs/*/launcher.log | tail -4
       for run in /tmp/kill07-runs/*/; do  # each run's recovery phases (resctl report), kept with its launcher.log
         echo "-- $run: $(grep -o -m1 "nvidia-resiliency-ext [0-9.]*\|NVRx [0-9.]*" $run/launcher.log)"
-        python3 -m resctl report "$run" 2>&1 | grep -i -E "total|detect|stop|rendezvous|start workers|restore|first step" | head -9
+        python3 -m resctl report "$run" --json 2>/dev/null | python3 -c "
+import json, sys
+for r in json.load(sys.stdin)['recoveries']:
+    print('  ' + ', '.join(f'{k} {r[k]:.3f}' for k in ('total', 'detection', 'stop', 'rendezvous', 'start_workers', 'load', 'first_step') if r.get(k) is not None))"
         mkdir -p "$OUT/kill07-runs/$(basename $run)"; cp $run/*.log $run/*.jsonl "$OUT/kill07-runs/$(basename $run)/" 2>/dev/null
       done;;
     happy) echo "== happy path, cuda, 1 GPU"
