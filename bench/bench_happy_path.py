@@ -73,6 +73,32 @@ def step_median(lines: list[str]) -> float:
     raise SystemExit("the DDP job printed no STEPS line:\n" + "\n".join(lines[-20:]))
 
 
+def step_rows(step: dict[str, list[float]], kinds: tuple[str, ...], device: str) -> None:
+    """The step's rows: the median of the per-run medians against torchrun's, and each repeat's pair's ratio."""
+    ts, rs = statistics.median(step["torchrun"]), statistics.median(step["resctl"])
+    target = 20.0 if device == "cpu" else 0.02 * ts
+    print(f"{'step (median of medians)':24}{ts:>10.1f}us{rs:>10.1f}us{rs - ts:>+10.1f}us  <= +{target:.1f} us "
+          f"{'OK' if rs - ts <= target else 'MISSED'}")
+    for kind in kinds[2:]:
+        vs = statistics.median(step[kind])
+        print(f"{kind}: step (median of medians) {vs:.1f} us ({vs - ts:+.1f} us, {100 * (vs / ts - 1):+.1f} % vs torchrun)")
+    for kind in kinds[1:]:  # each repeat's pair ran back to back: their ratio leaves out the drift between repeats
+        ratios = sorted(r / t for r, t in zip(step[kind], step["torchrun"]))
+        print(f"{kind}: step / torchrun's in the same repeat: median {100 * (statistics.median(ratios) - 1):+.1f} %, "
+              f"each {', '.join(f'{100 * (x - 1):+.1f}' for x in ratios)} %")
+
+
+def noop_rows(wall: dict[str, list[float]], lines: dict[str, list[int]], kinds: tuple[str, ...]) -> None:
+    """The no-op job's rows: its wall and console lines against torchrun's."""
+    tw, rw = statistics.median(wall["torchrun"]), statistics.median(wall["resctl"])
+    tl, rl = max(lines["torchrun"]), max(lines["resctl"])
+    print(f"{'no-op wall (median)':24}{tw:>11.2f}s{rw:>11.2f}s{rw - tw:>+11.2f}s  <= +0.5 s "
+          f"{'OK' if rw - tw <= 0.5 else 'MISSED'}")
+    print(f"{'console lines (max)':24}{tl:>12d}{rl:>12d}{rl - tl:>+12d}  <= +3 {'OK' if rl - tl <= 3 else 'MISSED'}")
+    for kind in kinds:  # a job's end held back by a monitor interval shows in the slowest, not the median
+        print(f"{kind}: no-op wall median {statistics.median(wall[kind]):.2f} s, slowest {max(wall[kind]):.2f} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -105,33 +131,14 @@ def main() -> int:
         for kind in order:
             _, out = run(launcher(kind, args.nproc, tmp / f"ddp-{kind}-{i}") + ddp_args, tmp, kind, paths)
             step[kind].append(step_median(out))
-        print(f"repeat {i + 1}: " + "; ".join(f"{k}: no-op {(wall[k] or [0.0])[-1]:.2f} s, step {step[k][-1]:.1f} us"
-                                              for k in kinds), flush=True)
-    if args.no_noop:
-        wall = {k: [0.0] for k in kinds}
-        lines = {k: [0] for k in kinds}
-    med = {k: (statistics.median(wall[k]), statistics.median(step[k]), max(lines[k])) for k in kinds}
-    (tw, ts, tl), (rw, rs, rl) = med["torchrun"], med["resctl"]
-    step_target = 20.0 if args.device == "cpu" else 0.02 * ts
+        print(f"repeat {i + 1}: " + "; ".join((f"{k}: no-op {wall[k][-1]:.2f} s, " if wall[k] else f"{k}: ")
+                                              + f"step {step[k][-1]:.1f} us" for k in kinds), flush=True)
     print(f"\n{platform.node()} ({os.cpu_count()} cores), python {platform.python_version()}, device {args.device}, "
           f"{args.nproc} ranks, {args.repeats} repeats alternating, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"{'':24}{'torchrun':>12}{'resctl':>12}{'diff':>12}  target")
-    if not args.no_noop:
-        print(f"{'no-op wall (median)':24}{tw:>11.2f}s{rw:>11.2f}s{rw - tw:>+11.2f}s  <= +0.5 s "
-              f"{'OK' if rw - tw <= 0.5 else 'MISSED'}")
-    print(f"{'step (median of medians)':24}{ts:>10.1f}us{rs:>10.1f}us{rs - ts:>+10.1f}us  <= +{step_target:.1f} us "
-          f"{'OK' if rs - ts <= step_target else 'MISSED'}")
-    if not args.no_noop:
-        print(f"{'console lines (max)':24}{tl:>12d}{rl:>12d}{rl - tl:>+12d}  <= +3 {'OK' if rl - tl <= 3 else 'MISSED'}")
-    for kind in kinds[2:]:
-        vs = statistics.median(step[kind])
-        print(f"{kind}: step (median of medians) {vs:.1f} us ({vs - ts:+.1f} us, {100 * (vs / ts - 1):+.1f} % vs torchrun)")
-    for kind in kinds[1:]:  # each repeat's pair ran back to back: their ratio leaves out the drift between repeats
-        ratios = sorted(r / t for r, t in zip(step[kind], step["torchrun"]))
-        print(f"{kind}: step / torchrun's in the same repeat: median {100 * (statistics.median(ratios) - 1):+.1f} %, "
-              f"each {', '.join(f'{100 * (x - 1):+.1f}' for x in ratios)} %")
-    for kind in kinds if not args.no_noop else ():  # a job's end held back by a monitor interval shows in the slowest, not the median
-        print(f"{kind}: no-op wall median {statistics.median(wall[kind]):.2f} s, slowest {max(wall[kind]):.2f} s")
+    step_rows(step, kinds, args.device)
+    if wall["torchrun"]:  # --no-noop: none ran
+        noop_rows(wall, lines, kinds)
     if args.json:
         args.json.write_text(json.dumps({"wall": wall, "step_us": step, "lines": lines, "device": args.device,
                                          "nproc": args.nproc}, indent=2))

@@ -243,13 +243,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not path:
         yield
         return
-    def cpu(who: int) -> float:
-        r = resource.getrusage(who)
-        return r.ru_utime + r.ru_stime
-
-    t0, own0, kids0 = time.monotonic(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    t0, own0, kids0 = time.monotonic(), _cpu_seconds(resource.RUSAGE_SELF), _cpu_seconds(resource.RUSAGE_CHILDREN)
     yield
-    line = {"test": item.nodeid, "wall": round(time.monotonic() - t0, 2), "own": round(cpu(resource.RUSAGE_SELF) - own0, 2),
-            "children": round(cpu(resource.RUSAGE_CHILDREN) - kids0, 2)}
+    line = {"test": item.nodeid, "wall": round(time.monotonic() - t0, 2),
+            "own": round(_cpu_seconds(resource.RUSAGE_SELF) - own0, 2),
+            "children": round(_cpu_seconds(resource.RUSAGE_CHILDREN) - kids0, 2)}
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def _cpu_seconds(who: int) -> float:
+    """User and system CPU seconds of this process (RUSAGE_SELF) or of the children it waited for."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
