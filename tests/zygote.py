@@ -172,9 +172,9 @@ class Zygote:
         self._dir = tempfile.mkdtemp(prefix="resctl-zygote-")
         self._path = os.path.join(self._dir, "sock")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self._proc = subprocess.Popen([sys.executable, "-c", SERVER, self._path, ",".join(PRELOAD), str(os.getpid())], env=env,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      text=True, start_new_session=True)
+        argv = [sys.executable, "-c", SERVER, self._path, ",".join(PRELOAD), str(os.getpid())]
+        self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         assert self._proc.stdout is not None
         ready = self._proc.stdout.readline()
         if ready.strip() != "ready":
@@ -187,24 +187,20 @@ class Zygote:
         """`subprocess.Popen(args, ...)` for `args = [sys.executable, script, *script_args]`; stdin, stdout and
         stderr: None (this process's), subprocess.PIPE, subprocess.DEVNULL, or stderr=subprocess.STDOUT."""
         assert args[0] == sys.executable, args
-        ends, pipes, close = [], {}, []
+        ends: list[int] = []
+        pipes: dict[str, IO[Any] | None] = {}
         for name, how in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)):
             fd, mine = _child_end(name, how, ends)
             ends.append(fd)
-            if mine is not None:
-                close.append(fd)
-                mode = ("w" if name == "stdin" else "r") + ("" if text else "b")
-                pipes[name] = os.fdopen(mine, mode, **({"encoding": "utf-8", "errors": "replace"} if text else {}))
-            else:
-                pipes[name] = None
-                if how == subprocess.DEVNULL:
-                    close.append(fd)
+            mode = ("w" if name == "stdin" else "r") + ("" if text else "b")
+            pipes[name] = None if mine is None else os.fdopen(mine, mode, **({"encoding": "utf-8", "errors": "replace"}
+                                                                             if text else {}))
         conn = socket.socket(socket.AF_UNIX)
         conn.connect(self._path)
         request = {"argv": list(map(str, args)), "env": dict(os.environ if env is None else env),
                    "cwd": str(cwd or os.getcwd())}
         socket.send_fds(conn, [json.dumps(request).encode()], ends)
-        for fd in close:
+        for fd in set(ends) - {0, 1, 2}:  # the child's ends of its pipes and /dev/null: its own now
             os.close(fd)
         return Child(conn, pipes)
 
