@@ -9,7 +9,8 @@ Two unmodified torchrun-style jobs, each run under both launchers in turn, `--re
 A new user's environment: OMP_NUM_THREADS unset, no resctl.toml (the default profile, AWS values:
 monitor interval 5 s, heartbeat 900 s), the run directory in a temporary folder. Targets: no-op wall
 within 0.5 s of torchrun; CPU step median within 20 us (GPU: within 2 %); console lines at most
-torchrun's + 3.
+torchrun's + 3. Each job's CPU seconds too (the command and every process it waited for: launcher, workers),
+each repeat's pair side by side.
 
     python bench/bench_happy_path.py --repeats 5                       # this CPU box (gloo)
     python bench/bench_happy_path.py --repeats 5 --device cuda --nproc 8 # one GPU node (nccl)
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,17 +54,24 @@ def launcher(kind: str, nproc: int, run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "resctl", "run", "--nproc-per-node", str(nproc), "--run-dir", str(run_dir), *sets]
 
 
-def run(cmd: list[str], cwd: Path, kind: str = "", paths: dict[str, str] | None = None) -> tuple[float, list[str]]:
-    """`cmd` in a new user's environment; resctl@LABEL with `paths[LABEL]` first on PYTHONPATH."""
+def children_cpu() -> float:
+    """CPU seconds of every process this one (and they, down the tree) waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(cmd: list[str], cwd: Path, kind: str = "", paths: dict[str, str] | None = None) -> tuple[float, list[str], float]:
+    """`cmd` in a new user's environment; resctl@LABEL with `paths[LABEL]` first on PYTHONPATH. (wall seconds,
+    the console's lines, CPU seconds of the command and every process it waited for)"""
     env = env_for(kind, {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RESCTL_VERBOSE")},
                   paths or {})
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), children_cpu()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n" + "\n".join(lines[-40:]))
-    return wall, lines
+    return wall, lines, cpu
 
 
 def step_median(lines: list[str]) -> float:
@@ -86,6 +95,18 @@ def step_rows(step: dict[str, list[float]], kinds: tuple[str, ...], device: str)
         ratios = sorted(r / t for r, t in zip(step[kind], step["torchrun"]))
         print(f"{kind}: step / torchrun's in the same repeat: median {100 * (statistics.median(ratios) - 1):+.1f} %, "
               f"each {', '.join(f'{100 * (x - 1):+.1f}' for x in ratios)} %")
+
+
+def cpu_rows(job: str, cpu: dict[str, list[float]], kinds: tuple[str, ...]) -> None:
+    """A job's CPU seconds per launcher: the median, and each repeat's difference from torchrun's and resctl's run
+    beside it."""
+    for kind in kinds:
+        line = f"{kind}: {job} CPU median {statistics.median(cpu[kind]):.2f} s"
+        for other in ("torchrun", "resctl")[:kinds.index(kind)]:
+            diffs = sorted(c - o for c, o in zip(cpu[kind], cpu[other]))
+            line += (f"; - {other}'s beside it: median {statistics.median(diffs):+.2f} s, "
+                     f"each {', '.join(f'{d:+.2f}' for d in diffs)}")
+        print(line)
 
 
 def noop_rows(wall: dict[str, list[float]], lines: dict[str, list[int]], kinds: tuple[str, ...]) -> None:
@@ -121,16 +142,19 @@ def main() -> int:
     wall: dict[str, list[float]] = {k: [] for k in kinds}
     lines: dict[str, list[int]] = {k: [] for k in kinds}
     step: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, dict[str, list[float]]] = {job: {k: [] for k in kinds} for job in ("no-op", "DDP")}
     ddp_args = [str(DDP), "--steps", str(args.steps), "--device", args.device, "--width", str(args.width)]
     for i in range(args.repeats):
         order = kinds if i % 2 == 0 else kinds[::-1]  # alternate who goes first
         for kind in order if not args.no_noop else ():
-            seconds, out = run(launcher(kind, args.nproc, tmp / f"noop-{kind}-{i}") + [str(NOOP)], tmp, kind, paths)
+            seconds, out, used = run(launcher(kind, args.nproc, tmp / f"noop-{kind}-{i}") + [str(NOOP)], tmp, kind, paths)
             wall[kind].append(seconds)
             lines[kind].append(len(out))
+            cpu["no-op"][kind].append(used)
         for kind in order:
-            _, out = run(launcher(kind, args.nproc, tmp / f"ddp-{kind}-{i}") + ddp_args, tmp, kind, paths)
+            _, out, used = run(launcher(kind, args.nproc, tmp / f"ddp-{kind}-{i}") + ddp_args, tmp, kind, paths)
             step[kind].append(step_median(out))
+            cpu["DDP"][kind].append(used)
         print(f"repeat {i + 1}: " + "; ".join((f"{k}: no-op {wall[k][-1]:.2f} s, " if wall[k] else f"{k}: ")
                                               + f"step {step[k][-1]:.1f} us" for k in kinds), flush=True)
     print(f"\n{platform.node()} ({os.cpu_count()} cores), python {platform.python_version()}, device {args.device}, "
@@ -139,9 +163,12 @@ def main() -> int:
     step_rows(step, kinds, args.device)
     if wall["torchrun"]:  # --no-noop: none ran
         noop_rows(wall, lines, kinds)
+    for job, used in cpu.items():
+        if used["torchrun"]:
+            cpu_rows(job, used, kinds)
     if args.json:
-        args.json.write_text(json.dumps({"wall": wall, "step_us": step, "lines": lines, "device": args.device,
-                                         "nproc": args.nproc}, indent=2))
+        args.json.write_text(json.dumps({"wall": wall, "step_us": step, "lines": lines, "cpu_s": cpu,
+                                         "device": args.device, "nproc": args.nproc}, indent=2))
     return 0
 
 

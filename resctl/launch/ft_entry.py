@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 from resctl.launch import adapters, launcher_logs, lifeline, preload, prestart, stop
 from resctl.launch.titles import set_title
@@ -32,6 +33,18 @@ def _launcher_title() -> str:
 
 
 def main() -> None:
+    with preload.collector_off(freeze=True):  # torch, NVRx, the shim: the launcher's for good
+        launcher_main = _prepare()
+    try:
+        launcher_main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    lifeline.exit_quickly(adapters.launcher_exit_code(code))
+
+
+def _prepare() -> Callable[[], object]:
+    """Everything before NVRx's launcher runs, in order; its `main`."""
     # First: a `resctl run` SIGKILLed from here on still stops the job (a SIGTERM: its final save).
     lifeline.die_with_parent(signal.SIGTERM, lifeline.expected(os.environ, lifeline.RUN_PID_ENV))
     os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())  # exec'd workers set theirs (resctl.shim)
@@ -63,12 +76,7 @@ def main() -> None:
     # deferred: after quiet_logs() and the adapters above: NVRx sets its logging up when imported
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as launcher_main
 
-    try:
-        launcher_main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    lifeline.exit_quickly(adapters.launcher_exit_code(code))
+    return launcher_main
 
 
 def refuse_unknown_nvrx() -> None:

@@ -263,7 +263,7 @@ def main(argv: Sequence[str]) -> None:
     prestart.listen(int(argv[0]))  # the pipe closed without a plan (the launcher ended or let it go): exit 0
     set_title(f"resctl-standby local={started.get('LOCAL_RANK', '?')}")  # `ps` tells it from a worker
     lifeline.die_with_parent(signal.SIGKILL, lifeline.expected(os.environ, lifeline.LAUNCHER_PID_ENV))
-    with preload.ImportWarnings.recording():
+    with preload.ImportWarnings.recording(), preload.collector_off(freeze=False):  # the worker's own collector after
         for name in filter(None, argv[1].split(",")):
             try:
                 importlib.import_module(name)

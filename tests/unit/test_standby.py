@@ -23,11 +23,14 @@ pytestmark = pytest.mark.launcher
 PY = sys.executable
 #: The worker the tests hand over: it writes what it sees (argv, PID, env, which modules were there before it ran)
 PROBE = """\
-import json, os, sys
+import gc, json, os, sys
 out = os.environ["PROBE_OUT"]
+imported = sys.modules.get("collector_at_import")
 json.dump({"pid": os.getpid(), "argv": sys.argv, "orig_argv": sys.orig_argv, "rank": os.environ.get("RANK"),
            "extra": os.environ.get("EXTRA"), "gone": "GONE" in os.environ, "name": __name__,
-           "preimported": "decimal" in sys.modules, "set": os.environ.get("SET_AT_IMPORT")}, open(out, "w"))
+           "preimported": "decimal" in sys.modules, "set": os.environ.get("SET_AT_IMPORT"),
+           "collector_at_import": getattr(imported, "ENABLED", None), "collector": gc.isenabled(),
+           "frozen": gc.get_freeze_count()}, open(out, "w"))
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 """
 
@@ -36,6 +39,7 @@ sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 def probe(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (tmp_path / "standby_probe.py").write_text(PROBE)
     (tmp_path / "sets_env.py").write_text("import os\nos.environ.setdefault('SET_AT_IMPORT', 'cache')\n")
+    (tmp_path / "collector_at_import.py").write_text("import gc\nENABLED = gc.isenabled()\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "PROBE_OUT": str(tmp_path / "out.json"), "RANK": "0", "GONE": "1"}
     return tmp_path / "out.json", env
@@ -95,11 +99,14 @@ def test_a_standby_becomes_the_worker_it_is_handed(probe: tuple[Path, dict[str, 
 def test_late_differences_run_in_the_warm_interpreter(probe: tuple[Path, dict[str, str]]) -> None:
     out, env = probe
     args = [PY, "-u", "-m", "standby_probe", "--x", "1"]
-    ready = standby.start(args, env, ("decimal", "sets_env"))  # sets_env sets a variable, as inductor's import does
-    assert ready is not None
+    ready = standby.start(args, env, ("decimal", "sets_env", "collector_at_import"))  # sets_env sets a variable, as
+    assert ready is not None  # inductor's import does
     assert ready.hand_over(args, env | {"RANK": "3", "TORCHELASTIC_RESTART_COUNT": "2"})
     seen = _seen(out, ready.process)
     assert seen["pid"] == ready.process.pid and seen["rank"] == "3" and seen["preimported"] is True
+    # the standby imported with the collector off (preload.collector_off); the worker has it on and nothing
+    # frozen, as a fresh interpreter
+    assert (seen["collector_at_import"], seen["collector"], seen["frozen"]) == (False, True, 0)
     assert seen["set"] == "cache"  # what its imports set is what a fresh worker importing them would have
     assert seen["argv"][1:] == ["--x", "1"] and seen["argv"][0].endswith("standby_probe.py")  # as `python -m` sets it
     assert "resctl.launch.standby" in seen["orig_argv"]  # the one trace of the standby (the shim sets a title)
