@@ -6,6 +6,7 @@
 #             resctl on NVRx 0.7.0 too after step 100 (resctl@0.7)
 #   happy:    bench_happy_path.py on CUDA, 1 GPU: the step (median of medians) and the no-op wall
 #   profile:  bench/gpu_step_profile.py: a tiny DDP step's phases under torchrun, resctl forked and exec'd
+#             (PROFILE_LAUNCHERS: others, e.g. resctl+launch.late_preload=late: resctl with --set launch.late_preload=late)
 #   kill07:   kill -9 after step 100 under NVRx 0.7.0 and 0.4.1, alternating (the GPU memory wait after a restart's stop)
 #   noop:     bench/noop_timeline.py: a no-op job's wall beside torchrun, and resctl's own timeline of it
 #   tutorial: pytorch/examples' DDP tutorial (multigpu_torchrun.py, datautils.py in $EXAMPLES), killed at epoch 100
@@ -59,9 +60,10 @@ for r in json.load(sys.stdin)['recoveries']:
       timeout ${HAPPY_TIMEOUT:-200} python3 bench/bench_happy_path.py --repeats ${REPEATS:-5} --steps ${HAPPY_STEPS:-2000} --device cuda --nproc 1 \
         --resctl-path before=$BEFORE ${HAPPY_ARGS:-} --json "$OUT/happy.json" > "$OUT/happy.txt" 2>&1; echo "exit $?"; tail -9 "$OUT/happy.txt";;
     profile) echo "== step phases: torchrun, resctl (forked), resctl (exec'd), alternating"
+      lscpu | grep -i "^CPU(s)\|thread\|core\|socket\|numa"
       timeout ${PROFILE_TIMEOUT:-200} python3 bench/gpu_step_profile.py --repeats ${PROFILE_REPEATS:-2} --blocks 8 --steps 200 \
-        > "$OUT/profile.json" 2> "$OUT/profile.err"
-      echo "exit $?"; cat "$OUT/profile.err" | grep -v Warning | tail -8
+        ${PROFILE_LAUNCHERS:+--launchers $PROFILE_LAUNCHERS} > "$OUT/profile.json" 2> "$OUT/profile.err"
+      echo "exit $?"; grep " step as_is " "$OUT/profile.err"
       python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['summary']))" "$OUT/profile.json";;
     noop) echo "== a no-op job's timeline, torchrun and resctl alternating"
       timeout ${NOOP_TIMEOUT:-120} python3 bench/noop_timeline.py --rounds ${NOOP_ROUNDS:-3} ${NOOP_ARGS:---importtime} > "$OUT/noop.txt" 2>&1

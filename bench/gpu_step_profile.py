@@ -1,9 +1,11 @@
 """A step profile on the device (issue 31, item 2): bench/scripts/step_phases.py under torchrun,
 `resctl run` (forked workers) and `resctl run --set launch.worker_start=exec`, alternating, `--repeats`
 times; prints one JSON document with every run's phase medians (per block kind: as is, without the
-global optimizer hooks, without the GC) and what each worker inherited.
+global optimizer hooks, without the GC) and what each worker inherited. A launcher named `resctl+KEY=VALUE`
+is resctl with `--set KEY=VALUE` (a variant: its own column).
 
     python bench/gpu_step_profile.py --repeats 3 --device cuda
+    python bench/gpu_step_profile.py --launchers torchrun,resctl,resctl+launch.late_preload=late
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="step-profile-"))
     for i in range(a.repeats):
         for n in (names if i % 2 == 0 else names[::-1]):
-            cmd = list(LAUNCHERS[n])
+            base, *sets = n.split("+")
+            cmd = list(LAUNCHERS[base]) + [arg for kv in sets for arg in ("--set", kv)]
             if n.startswith("resctl"):
-                cmd += ["--run-dir", str(tmp / f"{n}-{i}")]
+                cmd += ["--run-dir", str(tmp / f"{base}-{len(sets)}-{i}")]
             cmd += [str(HERE / "scripts" / "step_phases.py"), "--device", a.device, "--blocks", str(a.blocks),
                     "--steps", str(a.steps)]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp)
