@@ -363,6 +363,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         self.starts = 0  # the cycles whose workers this launcher started
         self._seams: _ProcessContextSeams | None = None
         self._gpu_baseline: list[float] | None = None  # each local GPU's used MB before the first workers
+        self.restart_clock: list[float] = []  # unix times: this restart's failure seen, its workers stopped
         clock = getattr(nvrx, "time", None)
         if isinstance(clock, LauncherClock):
             clock.agent = self
@@ -517,11 +518,18 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
             for env in envs.values():
                 env.update({"MASTER_ADDR": self.shared.host, "MASTER_PORT": self.shared.port,
                             contract.AGENT_STORE: "True", contract.STORE_PREFIX: self.shared.prefix})
+        if len(self.restart_clock) == 2:  # a restart: when it saw the failure and had stopped (`resctl report`)
+            for env in envs.values():
+                env[contract.RESTART_CLOCK] = ",".join(f"{t:.3f}" for t in self.restart_clock)
+        self.restart_clock = []
         super()._setup_local_watchdog(envs)
 
     def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
         self.mark_restart(self.live_pids())
-        return super()._stop_workers(worker_group, *args, **kwargs)
+        seen = self.restart_clock[:1] or [time.time()]  # a peer's restart: this node sees it at its stop
+        stopped = super()._stop_workers(worker_group, *args, **kwargs)
+        self.restart_clock = [*seen, time.time()]
+        return stopped
 
     def _wait_for_gpu_memory_reclaim(self, num_gpus: int) -> None:
         """NVRx 0.6+, after a restart's stop: the memory the stopped workers held, measured from each GPU's use
@@ -542,6 +550,8 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         result = super()._monitor_workers(worker_group)
+        if getattr(result.state, "name", "") in ("FAILED", "UNHEALTHY") and not self.restart_clock:
+            self.restart_clock = [time.time()]  # the failure seen (`_stop_workers` adds when it stopped)
         if getattr(result.state, "name", "") == "SUCCEEDED":
             LatePreload.abandon()  # no fork after this: the end need not share the GIL with the import
         self._looked = True  # the next sleep ends on a worker that exits after this look (`sleep_until_exit`)

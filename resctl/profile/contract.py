@@ -48,6 +48,7 @@ REPLICA_HOST = "RESCTL_REPLICA_HOST"
 SLURM_REQUEUE_FILE = "RESCTL_SLURM_REQUEUE_FILE"
 PRESTART = "RESCTL_PRESTART"
 PRESTART_FD = "RESCTL_PRESTART_FD"
+RESTART_CLOCK = "RESCTL_RESTART_CLOCK"
 #: torch elastic's own name (not resctl's): "True" tells the workers that MASTER_ADDR/MASTER_PORT is the
 #: launcher's store (launcher -> workers, as torchrun sets it; `resctl.shim.agent_store` reads it).
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
@@ -78,7 +79,18 @@ ENV: dict[str, str] = {
     SLURM_REQUEUE_FILE: "examples/slurm/train.sbatch -> resctl run: ask the batch script to requeue the job",
     PRESTART: "user -> resctl run: 0 starts the launcher's interpreter only once the plan is made (resctl.launch.prestart)",
     PRESTART_FD: "resctl run -> its waiting launcher: the pipe the plan comes on (resctl.launch.prestart)",
+    RESTART_CLOCK: "launcher -> a restarted cycle's workers: '<detected>,<stopped>', the unix times it saw the "
+                   "cycle before fail and had stopped its workers (the start event's `detected` and `stopped`)",
 }
+
+
+def restart_clock(env: Mapping[str, str]) -> tuple[float, float] | None:
+    """`RESTART_CLOCK` read: (detected, stopped), None where unset or not two times."""
+    try:
+        detected, stopped = (float(x) for x in env.get(RESTART_CLOCK, "").split(","))
+    except ValueError:
+        return None
+    return detected, stopped
 
 
 @dataclass(frozen=True)

@@ -583,8 +583,9 @@ def main(argv: list[str]) -> int:
     from resctl.launch.titles import set_title, worker_title
 
     set_title(worker_title(shim.rank, int(os.environ.get("LOCAL_RANK", "0")), os.path.basename(target.name)))
+    clock = contract.restart_clock(os.environ)
     shim.events.emit("start", pid=os.getpid(), host=host(), world_size=shim.world_size, script=target.name,
-                     spawned=process_started())
+                     spawned=process_started(), **(dict(zip(("detected", "stopped"), clock)) if clock else {}))
     if shim.cycle > 0:  # ft_launcher restarted the worker group (in-job restart)
         shim.events.emit("restart", layer="launcher")
     # A fault drill is said once, by the launcher at launch (launch/execute.py `_notes`), not again

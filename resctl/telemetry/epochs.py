@@ -85,6 +85,8 @@ class Epoch:
         self.first_t = self.last_t = t
         self.start_max: float | None = None
         self.spawned_min: float | None = None  # earliest `spawned` of a start in this epoch
+        self.detected_min: float | None = None  # earliest launcher's `detected` of a start (the restart's clock)
+        self.stopped_max: float | None = None  # latest launcher's `stopped` of a start
         self.restart_min: float | None = None
         self.restart_max: float | None = None
         self.resume_max_t: float | None = None
@@ -178,9 +180,13 @@ class Epochs:
             if self.t0 is None or t < self.t0:
                 self.t0 = t
             ep.start_max = t if ep.start_max is None else max(ep.start_max, t)
-            spawned = e.get("spawned")
+            spawned, detected, stopped = e.get("spawned"), e.get("detected"), e.get("stopped")
             if spawned is not None and (ep.spawned_min is None or spawned < ep.spawned_min):
                 ep.spawned_min = spawned
+            if detected is not None and (ep.detected_min is None or detected < ep.detected_min):
+                ep.detected_min = detected
+            if stopped is not None and (ep.stopped_max is None or stopped > ep.stopped_max):
+                ep.stopped_max = stopped
         elif kind == "restart":
             ep.restart_min = t if ep.restart_min is None else min(ep.restart_min, t)
             ep.restart_max = t if ep.restart_max is None else max(ep.restart_max, t)

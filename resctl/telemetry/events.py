@@ -74,6 +74,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
         Field("spawned", "float", "s", "unix time the process was created (fork or exec by the launcher, "
               "10 ms resolution): the end of the launcher's rendezvous, for the report's recovery phases",
               optional=True),
+        Field("detected", "float", "s", "a restarted cycle's: unix time this node's launcher saw the cycle before "
+              "fail (its monitor; a peer's restart: its stop began)", optional=True),
+        Field("stopped", "float", "s", "a restarted cycle's: unix time this node's launcher had stopped the cycle "
+              "before's workers", optional=True),
     ), "resctl.shim.runtime"),
     Kind("step", "an optimizer step finished", (
         Field("step", "int", "step", "the step's number (continues from the resumed step)"),

@@ -49,14 +49,16 @@ Definitions:
   a signal, the OOM killer or a heartbeat timeout), timed at its last record; a collective error
   on a rank whose peer failed ("Connection closed by peer", DistBackendError, ...); SIGTERM.
 - **Recovery of one fault** (fault -> first step), in four phases:
-  detection: the fault to the moment the old epoch stopped (launcher: the first `sigterm` fault
-  or `end` of a surviving rank, else the old epoch's last event; in-process: the first `restart`
+  detection: the fault to the moment the old epoch stopped (launcher: when a launcher saw the
+  failure, `start`'s `detected`; in runs without it the first `sigterm` fault or `end` of a
+  surviving rank, else the old epoch's last event; in-process: the first `restart`
   event, so NVRx's teardown and barrier count here); restart: to the last rank's `start`
   (launcher) or `restart` (in-process); checkpoint load: to the last rank's `resume`; first
   step: to the last rank's first step. A fault without a record is timed from the old epoch's
   last step.
 - **Phases of the restart** (the same split bench/scale measures at N simulated nodes), launcher
-  recoveries: stop, detection to the old epoch's last record (the survivors gone); rendezvous, to
+  recoveries: stop, detection to the last launcher's `stopped` (its workers gone; without it, the old
+  epoch's last record); rendezvous, to
   the first new worker process created (`start`'s `spawned`: the launchers' rendezvous and rank
   assignment are done); start workers, to the last rank's `start`. Without `spawned` (runs
   before it existed) the rendezvous runs to the last `start` and start workers is None.

@@ -84,7 +84,11 @@ def recovery(old: Epoch, new: Epoch, t0: float) -> Recovery:
         stops = [t for t, r in old.stops if t >= t_fault and r != rank]
         t_detect = min(stops) if stops else max(t_fault, old.last_t)
         t_restarted = new.start_max if new.start_max is not None else t_detect
+        if new.detected_min is not None:  # the launchers' own clock of the restart (start's detected, stopped)
+            t_detect = min(max(new.detected_min, t_fault), t_restarted)
         t_stopped = min(max(old.last_t, t_detect), t_restarted)
+        if new.stopped_max is not None:
+            t_stopped = min(max(new.stopped_max, t_detect), t_restarted)
         stop: float | None = max(0.0, t_stopped - t_detect)
         # `spawned` is clock ticks: never before the stop, never after the last start.
         t_spawned = None if new.spawned_min is None else min(max(new.spawned_min, t_stopped), t_restarted)

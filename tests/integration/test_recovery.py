@@ -193,6 +193,10 @@ def test_five_faults_end_bitwise_equal_to_a_fault_free_run(
         # created (`start`'s spawned), so it splits the rendezvous from the workers' start.
         assert (r.stop or 0.0) + (r.rendezvous or 0.0) + (r.start_workers or 0.0) == pytest.approx(r.restart)
         assert (r.start_workers is not None) == (r.layer == "launcher")
+    # each restarted cycle's workers carry the launcher's clock of that restart: failure seen, workers stopped,
+    # before the new start
+    restarted = [e for e in ev if e["kind"] == "start" and e["cycle"] > 0]
+    assert restarted and all(e["detected"] <= e["stopped"] <= e["t"] for e in restarted), restarted
     # the console: one line per recovered fault, of either layer
     said = [line for line in out.splitlines() if line.startswith("resctl: ")]
     by_launcher = [line for line in said if "restarting the workers" in line]

@@ -282,6 +282,30 @@ def test_a_launcher_recovery_splits_into_detect_stop_rendezvous_start_restore_fi
     assert "rendezvous" in text and "start workers" in text and "restore" in text
 
 
+def test_the_launchers_clock_times_detection_and_stop() -> None:
+    """One rank SIGKILLed after its last step at 10.0 (no survivor to record a stop): the launcher saw the failure
+    at 10.4 and had stopped at 10.45 (the new starts' `detected`, `stopped`); created at 10.5, started 11.0. Without
+    that clock the whole kill -> creation gap read as rendezvous (0.5 s here, 0.71 s of a 1.0 s recovery on an
+    H100); a second node's later `detected`, earlier `stopped` do not move the phases."""
+
+    def ev(t: float, kind: str, rank: int, cycle: int, **kw: object) -> dict[str, object]:
+        return {"t": t, "kind": kind, "rank": rank, "cycle": cycle, "iteration": 0, **kw}
+
+    events = [ev(0.0, "start", 0, 0), ev(0.5, "resume", 0, 0, step=0)]
+    events += [ev(float(s), "step", 0, 0, step=s, duration=1.0) for s in range(1, 11)]
+    events += [ev(11.0, "start", 0, 1, spawned=10.5, detected=10.4, stopped=10.45),
+               ev(11.1, "start", 1, 1, spawned=10.6, detected=10.42, stopped=10.43),
+               ev(11.5, "resume", 0, 1, step=10), ev(11.5, "resume", 1, 1, step=10),
+               ev(12.0, "step", 0, 1, step=11, duration=0.5), ev(12.0, "step", 1, 1, step=11, duration=0.5)]
+    (rec,) = analyze(events).recoveries
+    got = (rec.detection, rec.stop, rec.rendezvous, rec.start_workers)
+    assert got == (pytest.approx(0.4), pytest.approx(0.05), pytest.approx(0.05), pytest.approx(0.6))
+    assert rec.stop + rec.rendezvous + rec.start_workers == pytest.approx(rec.restart)  # type: ignore[operator]
+    without = [{k: v for k, v in e.items() if k not in ("detected", "stopped")} for e in events]
+    (old,) = analyze(without).recoveries
+    assert (old.detection, old.stop, old.rendezvous) == (0.0, 0.0, pytest.approx(0.5))
+
+
 def test_without_spawned_the_rendezvous_runs_to_the_last_start() -> None:
     def ev(t: float, kind: str, cycle: int, **kw: object) -> dict[str, object]:
         return {"t": t, "kind": kind, "rank": 0, "cycle": cycle, "iteration": 0, **kw}
