@@ -44,10 +44,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import multiprocessing.connection
 import os
-import select
 import signal
 import time
 import uuid
@@ -60,6 +58,7 @@ from nvidia_resiliency_ext.fault_tolerance import launcher as nvrx
 
 from resctl.health.gate import before_cycle
 from resctl.launch import gpu_reclaim, owned_rdzv, rdzv_install, spares, stop
+from resctl.launch.exits import sleep_until_exit
 from resctl.launch.preload import LatePreload
 from resctl.launch.rdzv_rounds import RendezvousView
 from resctl.launch.signal_trace import SignalTrace
@@ -76,11 +75,6 @@ _ROUND_KEY = "resctl/workers_prefix"
 #: Each agent of the last round adds 1 here once it is done with the store (the store host waits for them).
 _DONE_KEY = "resctl/agents_done"
 
-#: Seconds the peers of a worker that *exited* with a failing code keep running before the launcher
-#: looks (and stops them): torchrun's monitor interval, so a peer's last lines (its own traceback,
-#: an exit message) reach the console at least as often as under torchrun. A worker killed by a
-#: signal (kill -9, OOM, segfault) gets no grace: that is the fast-recovery path.
-PEER_GRACE = 0.1
 _STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 #: NVRx 0.6+ sets this to 1 in the launcher's environment, for torch's rank assignment (its fast path, which
 #: reads no store keys); the workers inherited it, where torchrun's see no such name.
@@ -125,56 +119,6 @@ class JobStop:
             self.signum = self.trace.take(STOP_SIGNUMS)
         stopped = self.signum is not None and (code != 0 or self.peer)
         return 128 + (self.signum or 0) if stopped else code
-
-
-def _exited_failing(pid: int) -> bool:
-    """`pid` (a child) has exited with a code other than 0 (not killed by a signal); not reaped."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except (ChildProcessError, OSError):  # not our child, or reaped meanwhile
-        return False
-    return info is not None and info.si_code == os.CLD_EXITED and info.si_status != 0
-
-
-def sleep_until_exit(pids: list[int], result_fds: list[int], seconds: float, clock: Any = time, *,
-                     after_look: bool = False) -> None:
-    """Sleep `seconds`, or until one of `pids` (children) exits or a result fd becomes readable;
-    `PEER_GRACE` more when the child exited with a failing code. `after_look`: the sleep right after the
-    monitor looked at the workers, where a child that has exited meanwhile (not reaped: the monitor has
-    not seen it) ends the sleep at once. Slept through, it held a job's end back by the whole monitor
-    interval (5 s by default) whenever the last worker exited between the look and the sleep. Other
-    sleeps (NVRx's waits while it stops workers) do not end on a child that had exited before them."""
-    fds: dict[int, int] = {}
-    try:
-        for pid in pids:
-            try:
-                fds[os.pidfd_open(pid)] = pid
-            except OSError:  # gone and reaped, or no pidfd on this kernel
-                continue
-        start = clock.monotonic()
-        exited = _readable(list(fds), 0) if fds else []
-        alive = [fd for fd in fds if fd not in exited]
-        if after_look and exited:
-            woke = exited
-        elif not alive:
-            clock.sleep(seconds)
-            return
-        else:
-            woke = _readable(alive + result_fds, seconds)
-        if any(fd in fds and _exited_failing(fds[fd]) for fd in woke):
-            clock.sleep(max(0.0, min(PEER_GRACE, seconds - (clock.monotonic() - start))))
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def _readable(fds: list[int], seconds: float) -> list[int]:
-    """The fds readable (a pidfd: its process exited) within `seconds`: poll, which takes any fd number
-    (select refuses one of 1024 or more, which a launcher with many files open reaches)."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    return [fd for fd, _ in poller.poll(math.ceil(max(0.0, seconds) * 1000))]
 
 
 class LauncherClock:
@@ -363,7 +307,7 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
         self.starts = 0  # the cycles whose workers this launcher started
         self._seams: _ProcessContextSeams | None = None
         self._gpu_baseline: list[float] | None = None  # each local GPU's used MB before the first workers
-        self.restart_clock: list[float] = []  # unix times: this restart's failure seen, its workers stopped
+        self.restart_clock = stop.RestartClock()
         clock = getattr(nvrx, "time", None)
         if isinstance(clock, LauncherClock):
             clock.agent = self
@@ -518,18 +462,16 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
             for env in envs.values():
                 env.update({"MASTER_ADDR": self.shared.host, "MASTER_PORT": self.shared.port,
                             contract.AGENT_STORE: "True", contract.STORE_PREFIX: self.shared.prefix})
-        if len(self.restart_clock) == 2:  # a restart: when it saw the failure and had stopped (`resctl report`)
-            for env in envs.values():
-                env[contract.RESTART_CLOCK] = ",".join(f"{t:.3f}" for t in self.restart_clock)
-        self.restart_clock = []
+        self.restart_clock.hand_to(envs.values())
         super()._setup_local_watchdog(envs)
 
     def _stop_workers(self, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
         self.mark_restart(self.live_pids())
-        seen = self.restart_clock[:1] or [time.time()]  # a peer's restart: this node sees it at its stop
-        stopped = super()._stop_workers(worker_group, *args, **kwargs)
-        self.restart_clock = [*seen, time.time()]
-        return stopped
+        self.restart_clock.stopping()
+        try:
+            return super()._stop_workers(worker_group, *args, **kwargs)
+        finally:
+            self.restart_clock.stopped()
 
     def _wait_for_gpu_memory_reclaim(self, num_gpus: int) -> None:
         """NVRx 0.6+, after a restart's stop: the memory the stopped workers held, measured from each GPU's use
@@ -550,13 +492,14 @@ class ResctlAgent(nvrx.LocalElasticAgent):  # type: ignore[misc, name-defined]
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         result = super()._monitor_workers(worker_group)
-        if getattr(result.state, "name", "") in ("FAILED", "UNHEALTHY") and not self.restart_clock:
-            self.restart_clock = [time.time()]  # the failure seen (`_stop_workers` adds when it stopped)
-        if getattr(result.state, "name", "") == "SUCCEEDED":
+        state = getattr(result.state, "name", "")
+        if state in ("FAILED", "UNHEALTHY"):
+            self.restart_clock.failed()
+        elif state == "SUCCEEDED":
             LatePreload.abandon()  # no fork after this: the end need not share the GIL with the import
         self._looked = True  # the next sleep ends on a worker that exits after this look (`sleep_until_exit`)
-        if (self.job_stop.signum is None and getattr(result.state, "name", "") in ("FAILED", "UNHEALTHY")
-                and self._left_on_a_peers_stop() and spares.decide_after_peer_stop(self)):
+        if (self.job_stop.signum is None and state in ("FAILED", "UNHEALTHY") and self._left_on_a_peers_stop()
+                and spares.decide_after_peer_stop(self)):
             self.job_stop.signum, self.job_stop.deadline, self.job_stop.peer = signal.SIGTERM, time.monotonic(), True
             raise self.job_stop.exception()  # before NVRx's restart: this launcher stops as for its own SIGTERM
         return result

@@ -18,8 +18,9 @@ import os
 import signal
 import stat
 import tempfile
+import time
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, MutableMapping
 
 from resctl.profile import contract
 from resctl.profile.contract import FATAL_FILE, read_fatal, record_fatal
@@ -241,3 +242,31 @@ def stop_job(run_dir: Path | None, rank: int, err: BaseException, exit_code: int
         os.kill(os.getppid(), signal.SIGTERM)
     except OSError:
         pass
+
+
+class RestartClock:
+    """When this launcher saw a cycle fail and when it had stopped that cycle's workers (unix times), handed to
+    the next cycle's workers (`contract.RESTART_CLOCK`: their `start` event's `detected` and `stopped`, by which
+    `resctl report` times a restart's detection and stop; without them one killed rank's whole kill -> new
+    process gap read as rendezvous)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def failed(self) -> None:
+        """The monitor saw the cycle fail (its first look that did)."""
+        self.times = self.times or [time.time()]
+
+    def stopping(self) -> None:
+        """The cycle's workers are being stopped: a peer's restart is seen here, no failure of this node's."""
+        self.failed()
+
+    def stopped(self) -> None:
+        self.times = [*self.times[:1], time.time()]
+
+    def hand_to(self, envs: Iterable[MutableMapping[str, str]]) -> None:
+        """Into each new worker's environment, once (a first start has none)."""
+        if len(self.times) == 2:
+            for env in envs:
+                env[contract.RESTART_CLOCK] = ",".join(f"{t:.3f}" for t in self.times)
+        self.times = []

@@ -117,3 +117,32 @@ def test_workers_that_left_on_a_stop_while_others_save_are_no_failure() -> None:
         assert not stop.saving_after_a_stop({10: 143, 11: None}, marker)
     finally:
         stop.remove(marker)
+
+
+def test_the_restart_clock_goes_to_the_next_cycles_workers_once() -> None:
+    """Failure seen, then stopped: both times, in order, into every new worker's environment; a peer's restart
+    (no failure here) is seen at its stop; a first start and the cycle after a handed one get nothing."""
+    from resctl.launch.stop import RestartClock
+    from resctl.profile import contract
+
+    clock = RestartClock()
+    first: list[dict[str, str]] = [{}, {}]
+    clock.hand_to(first)
+    assert first == [{}, {}]
+    clock.failed()
+    clock.failed()  # a later look at the same failed cycle: the first one counts
+    clock.stopping()
+    clock.stopped()
+    envs: list[dict[str, str]] = [{}, {}]
+    clock.hand_to(envs)
+    times = [contract.restart_clock(env) for env in envs]
+    assert times[0] == times[1] and times[0] is not None and times[0][0] <= times[0][1]
+    again: list[dict[str, str]] = [{}]
+    clock.hand_to(again)
+    assert again == [{}]
+    clock.stopping()  # another node's restart
+    clock.stopped()
+    peer: list[dict[str, str]] = [{}]
+    clock.hand_to(peer)
+    assert contract.restart_clock(peer[0]) is not None
+    assert contract.restart_clock({contract.RESTART_CLOCK: "1.0"}) is None  # not two times: none

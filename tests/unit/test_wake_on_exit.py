@@ -1,4 +1,4 @@
-"""The launcher's monitor sleep (`agent.sleep_until_exit`, the agent's sleep) with real child processes: it wakes
+"""The launcher's monitor sleep (`exits.sleep_until_exit`, the agent's sleep) with real child processes: it wakes
 when a worker exits; after `PEER_GRACE` when the worker exited with a failing code (its peers' last
 lines get torchrun's 0.1 s), at once when a signal killed it (the fast-recovery path)."""
 
@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from resctl.launch import agent
+from resctl.launch import exits
 
 
 def _child(action: str) -> int:
@@ -44,7 +44,7 @@ def _exit_to_wake(workers: list[int], action: str) -> tuple[float, int]:
     pid = _child(action)
     workers.append(pid)
     woke_after_start = time.monotonic()
-    agent.sleep_until_exit(workers, [], 20.0)
+    exits.sleep_until_exit(workers, [], 20.0)
     woke = time.monotonic()
     info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     assert info is not None, "the sleep returned before the worker ended"
@@ -58,7 +58,7 @@ def test_a_failing_exit_gives_the_peers_torchruns_poll_interval(workers: list[in
     woke, status = _exit_to_wake(workers, "fail")
     assert status == 3
     # The child ended >= 0.3 s after t0; the sleep returned at least PEER_GRACE after that.
-    assert woke - t0 >= 0.3 + agent.PEER_GRACE
+    assert woke - t0 >= 0.3 + exits.PEER_GRACE
 
 
 class _RecordingTime:
@@ -81,12 +81,12 @@ def test_only_a_failing_exit_gets_the_grace(workers: list[int], action: str, sta
     pid = _child(action)
     workers.append(pid)
     clock = _RecordingTime()
-    agent.sleep_until_exit(workers, [], 20.0, clock)
+    exits.sleep_until_exit(workers, [], 20.0, clock)
     info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     assert info is not None and info.si_status == status
-    assert agent._exited_failing(pid) is grace
-    assert len(clock.sleeps) == int(grace) and all(0 < s <= agent.PEER_GRACE for s in clock.sleeps), clock.sleeps
-    assert not agent._exited_failing(os.getpid())  # not a child: never a grace
+    assert exits._exited_failing(pid) is grace
+    assert len(clock.sleeps) == int(grace) and all(0 < s <= exits.PEER_GRACE for s in clock.sleeps), clock.sleeps
+    assert not exits._exited_failing(os.getpid())  # not a child: never a grace
 
 
 class _Clock(_RecordingTime):
@@ -106,14 +106,14 @@ def _exited_child(code: int) -> int:
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd on this platform")
-@pytest.mark.parametrize("code,sleeps", [(0, []), (3, [agent.PEER_GRACE])])
+@pytest.mark.parametrize("code,sleeps", [(0, []), (3, [exits.PEER_GRACE])])
 def test_a_worker_that_exited_after_the_monitors_look_ends_the_next_sleep_at_once(
         workers: list[int], code: int, sleeps: list[float]) -> None:
     # The last worker of a finished job exits between the monitor's look and its sleep: the sleep used to
     # run its whole interval (a job's end held back by 5 s, the default monitor interval).
     workers.append(_exited_child(code))
     clock = _Clock()
-    agent.sleep_until_exit(workers, [], 20.0, clock, after_look=True)
+    exits.sleep_until_exit(workers, [], 20.0, clock, after_look=True)
     assert clock.sleeps == pytest.approx(sleeps, abs=0.05)
 
 
@@ -123,7 +123,7 @@ def test_other_sleeps_do_not_end_on_a_worker_that_had_exited_before_them(workers
     # gone must not turn them into a busy loop.
     workers.append(_exited_child(0))
     clock = _Clock()
-    agent.sleep_until_exit(workers, [], 20.0, clock)
+    exits.sleep_until_exit(workers, [], 20.0, clock)
     assert clock.sleeps == [20.0]
 
 
@@ -139,7 +139,7 @@ def test_a_result_fd_numbered_past_1024_wakes_the_sleep(workers: list[int]) -> N
         workers.append(_child("ok"))
         os.write(write, b"x")  # a result is ready now: the sleep ends at once, not after 60 s
         began = time.monotonic()
-        agent.sleep_until_exit(workers, [high], 60.0)
+        exits.sleep_until_exit(workers, [high], 60.0)
         assert time.monotonic() - began < 50.0
     finally:
         for fd in (read, write, high):
