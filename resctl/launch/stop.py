@@ -268,5 +268,5 @@ class RestartClock:
         """Into each new worker's environment, once (a first start has none)."""
         if len(self.times) == 2:
             for env in envs:
-                env[contract.RESTART_CLOCK] = ",".join(f"{t:.3f}" for t in self.times)
+                env[contract.RESTART_CLOCK] = contract.restart_clock_value(*self.times)
         self.times = []

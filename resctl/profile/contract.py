@@ -84,6 +84,11 @@ ENV: dict[str, str] = {
 }
 
 
+def restart_clock_value(detected: float, stopped: float) -> str:
+    """`RESTART_CLOCK`'s value (`restart_clock` reads it)."""
+    return f"{detected:.3f},{stopped:.3f}"
+
+
 def restart_clock(env: Mapping[str, str]) -> tuple[float, float] | None:
     """`RESTART_CLOCK` read: (detected, stopped), None where unset or not two times."""
     try:
