@@ -34,7 +34,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from resctl.launch import owned_rdzv, rdzv_rounds, store_guard
+from resctl.launch import owned_rdzv, rdzv_rounds, store_guard, store_keeper
 from resctl.launch.spares import SpareConsole
 from resctl.patching import Patches
 from resctl.profile.contract import RUN_DIR
@@ -126,7 +126,10 @@ def owned_handler(params: Any, keep_alive: float, misses: int, barrier: bool = F
     except ImportError:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend  # type: ignore[no-redef]
 
-    _, store = create_backend(params)
+    # The store host's store in a keeper process forked now, before this launcher's first thread (none of its
+    # forks may inherit the store thread's resolver lock: resctl.launch.store_keeper); NVRx's way where it cannot.
+    kept = store_keeper.serve_apart(params, use_libuv="_torch_elastic_compat" not in create_backend.__module__)
+    _, store = create_backend(kept[0] if kept is not None else params)
     connector = IpcConnector(launcher.FT_LAUNCHER_IPC_SOCKET)
     connector.start_receiving()
     kind = BarrierAgentHandler if barrier else owned_rdzv.OwnedRendezvousHandler

@@ -1,5 +1,8 @@
 """`ps`/`pgrep` tell the launcher, the rank monitors and each worker apart (forked workers share the
-launcher's command line, so their titles are all that does)."""
+launcher's command line, so their titles are all that does). The store host's launcher serves its rendezvous
+store from a keeper process (`resctl-store`, resctl.launch.store_keeper), so no thread of the launcher's is
+torch's store server (a worker forked while that thread resolved a client's address hung in its first lookup),
+and the keeper leaves with the job."""
 
 from __future__ import annotations
 
@@ -27,7 +30,14 @@ def test_launcher_monitors_and_workers_have_their_own_titles(tmp_path: Path) -> 
         assert {"resctl-worker rank=0 local=0 train_ckpt.py", "resctl-worker rank=1 local=1 train_ckpt.py"} <= set(titles)
         assert {"resctl-rank-monitor local=0", "resctl-rank-monitor local=1"} <= set(titles), titles
         names = {Path(f"/proc/{p.pid}/comm").read_text().strip() for p in tree if p.is_running()}  # plain pgrep
-        assert {"resctl-launcher", "resctl-worker r", "resctl-rank-mon"} <= names, names
+        assert {"resctl-launcher", "resctl-worker r", "resctl-rank-mon", "resctl-store"} <= names, names
+        launcher = next(p for p in tree if p.cmdline()[0].startswith("resctl-launcher"))
+        keepers = [p for p in launcher.children() if p.cmdline()[0] == "resctl-store"]
+        assert len(keepers) == 1, titles
+        threads = {Path(f"/proc/{launcher.pid}/task/{t.id}/comm").read_text().strip() for t in launcher.threads()}
+        assert not {t for t in threads if t.startswith("pt_tcpstore")}, threads
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         finish(proc, timeout=60)
+    wait_for(lambda: not keepers[0].is_running() or keepers[0].status() == psutil.STATUS_ZOMBIE, 10,
+             "the store's keeper to leave with its launcher")
