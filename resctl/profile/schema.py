@@ -234,8 +234,9 @@ class Launch(Section):
     rdzv_conf: Annotated[dict[str, str], AfterValidator(_check_conf)] = Field(default_factory=dict, description="Extra rendezvous settings (key = value).")
     standalone: bool = Field(False, description="Single-node rendezvous on a free local port (torchrun --standalone).")
     store: Literal["node", "external"] = Field(
-        "node", description="Where the rendezvous store lives. node: in the launcher of the node with is_host (torchrun's "
-        "and NVRx's way; that node lost, the job is lost). external: in a `resctl store` process that trains nothing, "
+        "node", description="Where the rendezvous store lives. node: with the launcher of the node with is_host (torchrun's "
+        "and NVRx's way; that node lost, the job is lost), served by a process the launcher forks before its first "
+        "thread (resctl.launch.store_keeper). external: in a `resctl store` process that trains nothing, "
         "at launch.rdzv_endpoint; every node connects as a client (is_host = 0), so any node may be lost "
         "(docs/recovery.md, issue 42).",
     )
