@@ -80,8 +80,12 @@ def endpoint_host(endpoint: str) -> tuple[str, int]:
 def serve_apart(params: Any, use_libuv: bool) -> tuple[Any, Keeper] | None:
     """For a launcher told to host the store (`is_host` true): fork the keeper, and return a copy of
     `params` that makes this launcher a client of it, with the keeper; None to host it as NVRx does."""
-    if params.get_as_bool("is_host", None) is not True or threading.active_count() > 1:
-        return None  # another node's store, NVRx's own guess by host name, or a thread already running
+    if params.get_as_bool("is_host", None) is not True:
+        return None  # another node's store, or NVRx's own guess by host name
+    if threading.active_count() > 1:  # a fork now could copy a lock held by one: the launcher hosts it
+        log.info("resctl: the launcher hosts the rendezvous store itself (threads running: %s)",
+                 ", ".join(t.name for t in threading.enumerate()))
+        return None
     host, port = endpoint_host(params.endpoint)
     timeout = int(params.get_as_int("read_timeout", 60) or 60)
     keeper = start(host, port, timeout, use_libuv)

@@ -108,3 +108,13 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
 
+
+
+def test_a_running_thread_leaves_the_store_to_nvrx(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A fork with another thread running could copy a lock that thread holds: no keeper then, and the log says why."""
+    monkeypatch.setattr(store_keeper, "start", lambda *a: pytest.fail("forked a keeper beside a thread"))
+    monkeypatch.setattr(store_keeper.threading, "active_count", lambda: 2)
+    params = RendezvousParameters("c10d", "localhost:0", "job", 1, 1, is_host="1")
+    with caplog.at_level("INFO", logger="resctl.launch.store_keeper"):
+        assert serve_apart(params, use_libuv=True) is None
+    assert "hosts the rendezvous store itself" in caplog.text
