@@ -134,6 +134,10 @@ class OwnedRendezvousHandler:
         self._watch: PeerWatch | None = None  # while a round trains: the member this node watches
         self._peer_lost = False  # the watched member is lost: the agent restarts (num_nodes_waiting)
         self._seen_reason: tuple[str | None] | None = None  # the close reason as read when this node saw the close
+        #: The rank this node asks for in its first round (-1: any). The store host asks for 0: where torchrun's static
+        #: rendezvous and every launcher that hosted the store in a thread put it (the other nodes could join only
+        #: after it had), and where users look for rank 0's console; a rank kept from a previous round comes first.
+        self.first_rank = -1
 
     # --- what the launcher calls -------------------------------------------------------------
 
@@ -333,7 +337,8 @@ class OwnedRendezvousHandler:
         if rnd > 0:
             self._store.compare_set(self._keys.current, str(rnd - 1), str(rnd))
         index = int(self._store.add(self._keys.joined(rnd), 1)) - 1
-        me = Joiner(self._slot, self._round, self._rank, self._local_world_size(), self._role())
+        rank = self._rank if self._round >= 0 else self.first_rank  # new to the job: the rank it asks for
+        me = Joiner(self._slot, self._round, rank, self._local_world_size(), self._role())
         self._store.set(self._keys.joiner(rnd, index), me.encode())
         if index == 0:
             self._store.set(self._keys.opened(rnd), "1")

@@ -125,14 +125,16 @@ class Outcome:
 def assign_ranks(joiners: list[Joiner]) -> tuple[int, ...]:
     """Group ranks for the arrivals in order: a node keeps the rank it had last when that rank still
     exists and no earlier arrival claimed it (as NVRx's `_assign_ranks` keeps the previous round's);
-    the others fill the free ranks in arrival order."""
+    then a node new to the job (`last_round` -1) gets the rank it asks for (`last_rank`: the store host
+    asks for 0) where nobody kept it; the others fill the free ranks in arrival order."""
     size = len(joiners)
     ranks = [-1] * size
     taken: set[int] = set()
-    for i, j in enumerate(joiners):
-        if 0 <= j.last_rank < size and j.last_rank not in taken:
-            ranks[i] = j.last_rank
-            taken.add(j.last_rank)
+    for kept in (True, False):
+        for i, j in enumerate(joiners):
+            if (j.last_round >= 0) == kept and 0 <= j.last_rank < size and j.last_rank not in taken:
+                ranks[i] = j.last_rank
+                taken.add(j.last_rank)
     free = iter(r for r in range(size) if r not in taken)
     return tuple(r if r >= 0 else next(free) for r in ranks)
 

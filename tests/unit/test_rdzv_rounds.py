@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from resctl.launch.rdzv_rounds import (
     DEAD,
@@ -95,3 +97,24 @@ def test_keys_are_per_run_and_per_round() -> None:
     a, b = Keys("job-a"), Keys("job-b")
     assert a.done(1) != a.done(2) and a.done(1) != b.done(1)
     assert a.joiner(3, 0).startswith(a.base) and a.heartbeat(5).startswith(a.base)
+
+
+def test_a_new_node_gets_the_rank_it_asks_for_after_the_kept_ones() -> None:
+    """The store host asks for rank 0 in its first round (owned_rdzv `first_rank`): it gets it however late it
+    arrives in a fresh job, but a rank kept from a previous round wins over the request, whatever the order."""
+    host = Joiner(0, -1, 0, 8, "default")  # new to the job, asks for 0
+    assert assign_ranks([_j(1), _j(2), host]) == (1, 2, 0)
+    assert assign_ranks([host, _j(1), _j(2)]) == (0, 1, 2)
+    assert assign_ranks([host, _j(5, 2), _j(6, 0)]) == (1, 2, 0)  # rank 0 was kept by slot 6
+
+
+@given(st.lists(st.tuples(st.integers(-1, 3), st.integers(-1, 9)), min_size=1, max_size=12))
+def test_ranks_are_a_permutation_and_kept_ranks_win(claims: list[tuple[int, int]]) -> None:
+    joiners = [Joiner(i, last_round, last_rank, 1, "r") for i, (last_round, last_rank) in enumerate(claims)]
+    ranks = assign_ranks(joiners)
+    assert sorted(ranks) == list(range(len(joiners)))
+    first_kept = {}
+    for i, j in enumerate(joiners):
+        if j.last_round >= 0 and 0 <= j.last_rank < len(joiners):
+            first_kept.setdefault(j.last_rank, i)
+    assert all(ranks[i] == r for r, i in first_kept.items())
