@@ -41,7 +41,7 @@ def sleep_until_exit(pids: list[int], result_fds: list[int], seconds: float, clo
             except OSError:  # gone and reaped, or no pidfd on this kernel
                 continue
         start = clock.monotonic()
-        exited = _readable(list(fds), 0) if fds else []
+        exited = readable(list(fds), 0) if fds else []
         alive = [fd for fd in fds if fd not in exited]
         if after_look and exited:
             woke = exited
@@ -49,7 +49,7 @@ def sleep_until_exit(pids: list[int], result_fds: list[int], seconds: float, clo
             clock.sleep(seconds)
             return
         else:
-            woke = _readable(alive + result_fds, seconds)
+            woke = readable(alive + result_fds, seconds)
         if any(fd in fds and _exited_failing(fds[fd]) for fd in woke):
             clock.sleep(max(0.0, min(PEER_GRACE, seconds - (clock.monotonic() - start))))
     finally:
@@ -57,7 +57,7 @@ def sleep_until_exit(pids: list[int], result_fds: list[int], seconds: float, clo
             os.close(fd)
 
 
-def _readable(fds: list[int], seconds: float) -> list[int]:
+def readable(fds: list[int], seconds: float) -> list[int]:
     """The fds readable (a pidfd: its process exited) within `seconds`: poll, which takes any fd number
     (select refuses one of 1024 or more, which a launcher with many files open reaches)."""
     poller = select.poll()

@@ -142,7 +142,7 @@ def owned_handler(params: Any, keep_alive: float, misses: int, barrier: bool = F
     handler = kind(guarded, owned_rdzv.settings_from(params, keep_alive, misses), connector=connector,
                    health_check=lambda: GPUHealthCheck()(), base_store=store)
     handler.on_register = _write_slot
-    handler.first_rank = 0 if is_host is True and not external else -1
+    handler.first_rank = 0 if is_host is True else -1  # external: is_host is 0 (plan.py)
     handler.on_spare = SpareConsole()
     if isinstance(handler, BarrierAgentHandler):
         handler.local_addr = getattr(params, "local_addr", None)

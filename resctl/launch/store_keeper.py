@@ -27,7 +27,6 @@ import contextlib
 import copy
 import logging
 import os
-import select
 import signal
 import threading
 import time
@@ -36,6 +35,7 @@ from datetime import timedelta
 from typing import Any
 
 from resctl.launch import lifeline
+from resctl.launch.exits import readable, sleep_until_exit
 from resctl.launch.titles import set_title
 
 log = logging.getLogger(__name__)
@@ -64,19 +64,6 @@ class Keeper:
             _reaped(self.pid, timeout)
 
 
-def endpoint_host(endpoint: str) -> tuple[str, int]:
-    """("host", port) of "host:port", "[v6]:port" or "host" (port 0: pick one)."""
-    endpoint = endpoint.strip()
-    if endpoint.startswith("["):
-        host, _, rest = endpoint[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-    elif endpoint.count(":") == 1:
-        host, _, port = endpoint.partition(":")
-    else:
-        host, port = endpoint, ""
-    return host or "localhost", int(port) if port.isdigit() else 0
-
-
 def serve_apart(params: Any, use_libuv: bool) -> tuple[Any, Keeper] | None:
     """For a launcher told to host the store (`is_host` true): fork the keeper, and return a copy of
     `params` that makes this launcher a client of it, with the keeper; None to host it as NVRx does."""
@@ -86,7 +73,10 @@ def serve_apart(params: Any, use_libuv: bool) -> tuple[Any, Keeper] | None:
         log.info("resctl: the launcher hosts the rendezvous store itself (threads running: %s)",
                  ", ".join(t.name for t in threading.enumerate()))
         return None
-    host, port = endpoint_host(params.endpoint)
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)  # as create_backend reads it
     timeout = int(params.get_as_int("read_timeout", 60) or 60)
     keeper = start(host, port, timeout, use_libuv)
     if keeper is None:
@@ -178,7 +168,7 @@ def _read_line(fd: int, timeout: float) -> str:
     data = b""
     while not data.endswith(b"\n"):
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not readable([fd], left):
             break
         chunk = os.read(fd, 512)
         if not chunk:
@@ -188,17 +178,12 @@ def _read_line(fd: int, timeout: float) -> str:
 
 
 def _reaped(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return True
-        if done:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
+    """`pid` (a child) exited within `timeout` and is reaped."""
+    sleep_until_exit([pid], [], timeout)
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
 
 
 def _kill(pid: int) -> None:

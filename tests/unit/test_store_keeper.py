@@ -16,15 +16,21 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from resctl.launch import store_keeper
-from resctl.launch.store_keeper import endpoint_host, serve_apart
+from resctl.launch.store_keeper import serve_apart
 
 
 @pytest.mark.parametrize("endpoint,want", [
     ("localhost:0", ("localhost", 0)), ("node-0:29400", ("node-0", 29400)), ("[::1]:29401", ("::1", 29401)),
-    ("10.0.0.5", ("10.0.0.5", 0)), ("", ("localhost", 0)), ("[fe80::1]", ("fe80::1", 0)),
+    ("10.0.0.5", ("10.0.0.5", 29400)), ("", ("localhost", 29400)), ("[fe80::1]", ("fe80::1", 29400)),
 ])
-def test_endpoints(endpoint: str, want: tuple[str, int]) -> None:
-    assert endpoint_host(endpoint) == want
+def test_the_keeper_listens_where_nvrx_would_have(endpoint: str, want: tuple[str, int],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host and port NVRx's create_backend reads from the endpoint, a port-less one included (29400, where the
+    other nodes look for it), not a port of the keeper's own choosing."""
+    asked: list[tuple[str, int]] = []
+    monkeypatch.setattr(store_keeper, "start", lambda host, port, *a: asked.append((host, port)))
+    assert serve_apart(RendezvousParameters("c10d", endpoint, "job", 1, 1, is_host="1"), use_libuv=True) is None
+    assert asked == [want]
 
 
 @pytest.mark.parametrize("conf", [{}, {"is_host": "0"}, {"is_host": "false"}])
