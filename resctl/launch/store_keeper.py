@@ -7,7 +7,7 @@ thread to release it: its first name lookup (a forked worker's `init_process_gro
 store) waits forever, and the worker never reaches a step, so no heartbeat timeout sees it. A worker is
 forked while its own peers, forked a moment earlier, connect to that store: CI hung so once in ~50
 restarts of a 4-rank drill (all four ranks in gloo's rendezvous, the last one in `__resolv_context_get`;
-tests/integration/test_store_keeper.py). torchrun's workers are exec'd (no lock crosses an exec), and so
+tests/unit/test_store_keeper.py). torchrun's workers are exec'd (no lock crosses an exec), and so
 are resctl's `exec` workers; the launcher's own forks (rank monitors) are children of the same process.
 
 So on the node that hosts the store (`is_host`, which the plan sets for one node), the launcher forks a
@@ -69,9 +69,9 @@ def serve_apart(params: Any, use_libuv: bool) -> tuple[Any, Keeper] | None:
     `params` that makes this launcher a client of it, with the keeper; None to host it as NVRx does."""
     if params.get_as_bool("is_host", None) is not True:
         return None  # another node's store, or NVRx's own guess by host name
-    if threading.active_count() > 1:  # a fork now could copy a lock held by one: the launcher hosts it
-        log.info("resctl: the launcher hosts the rendezvous store itself (threads running: %s)",
-                 ", ".join(t.name for t in threading.enumerate()))
+    others = other_threads()
+    if others:  # a fork now could copy a lock held by one: the launcher hosts it
+        log.info("resctl: the launcher hosts the rendezvous store itself (threads running: %s)", ", ".join(others))
         return None
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -90,6 +90,12 @@ def serve_apart(params: Any, use_libuv: bool) -> tuple[Any, Keeper] | None:
     return client, keeper
 
 
+def other_threads() -> list[str]:
+    """The names of the threads running beside this one (a fork is safe only with none)."""
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate() if t is not me]
+
+
 def start(host: str, port: int, timeout: int, use_libuv: bool) -> Keeper | None:
     """Fork the keeper and wait for its store to listen; None when it could not (it is reaped)."""
     ready_r, ready_w = os.pipe()
@@ -102,7 +108,7 @@ def start(host: str, port: int, timeout: int, use_libuv: bool) -> Keeper | None:
             os.close(fd)
         log.warning("resctl: no keeper process for the rendezvous store (%s); the launcher hosts it", err)
         return None
-    if pid == 0:  # pragma: no cover - the child; tests/integration/test_store_keeper.py runs it
+    if pid == 0:  # pragma: no cover - the child; tests/unit/test_store_keeper.py runs it
         os.close(ready_r)
         os.close(life_w)
         _keep(host, port, timeout, use_libuv, ready_w, life_r, group)

@@ -28,9 +28,29 @@ def test_the_keeper_listens_where_nvrx_would_have(endpoint: str, want: tuple[str
     """The host and port NVRx's create_backend reads from the endpoint, a port-less one included (29400, where the
     other nodes look for it), not a port of the keeper's own choosing."""
     asked: list[tuple[str, int]] = []
+    monkeypatch.setattr(store_keeper, "other_threads", list)  # pytest-xdist's worker may run threads of its own
     monkeypatch.setattr(store_keeper, "start", lambda host, port, *a: asked.append((host, port)))
     assert serve_apart(RendezvousParameters("c10d", endpoint, "job", 1, 1, is_host="1"), use_libuv=True) is None
     assert asked == [want]
+
+
+def test_no_keeper_while_a_thread_runs(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A launcher with a thread running (one that may hold a lock a fork would copy) hosts the store itself, and
+    says so with the thread's name."""
+    import threading
+
+    monkeypatch.setattr(store_keeper, "start", lambda *a: pytest.fail("forked beside a thread"))
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="holds-a-lock")
+    thread.start()
+    try:
+        with caplog.at_level("INFO", logger=store_keeper.__name__):
+            params = RendezvousParameters("c10d", "localhost:0", "job", 1, 1, is_host="1")
+            assert serve_apart(params, use_libuv=True) is None
+    finally:
+        stop.set()
+        thread.join()
+    assert "holds-a-lock" in caplog.text
 
 
 @pytest.mark.parametrize("conf", [{}, {"is_host": "0"}, {"is_host": "false"}])
@@ -113,14 +133,3 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
-
-
-
-def test_a_running_thread_leaves_the_store_to_nvrx(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """A fork with another thread running could copy a lock that thread holds: no keeper then, and the log says why."""
-    monkeypatch.setattr(store_keeper, "start", lambda *a: pytest.fail("forked a keeper beside a thread"))
-    monkeypatch.setattr(store_keeper.threading, "active_count", lambda: 2)
-    params = RendezvousParameters("c10d", "localhost:0", "job", 1, 1, is_host="1")
-    with caplog.at_level("INFO", logger="resctl.launch.store_keeper"):
-        assert serve_apart(params, use_libuv=True) is None
-    assert "hosts the rendezvous store itself" in caplog.text
