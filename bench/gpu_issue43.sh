@@ -15,6 +15,8 @@
 #             kill -> both ranks' first step, torchrun, resctl forked, resctl exec'd without and with standby interpreters
 #             (launch.standby) alternating
 #   standby:  bench/standby_cost.py: one standby interpreter's import time, CPU, memory and GPU memory
+#   death:    bench/gpu_death_notice.py: a killed CUDA process's teardown as a launcher sees it (pipe EOF, pidfd,
+#             reap) and a forked worker's CUDA context and one-rank NCCL group times
 # Wheels (cp312, git-ignored, carried): .whl = the NVRx 0.4.1 set (bench/gpu_issue41.sh), .whl07 = NVRx 0.7.0.
 # torch's bytecode is compiled first where the image has none (a user's image has it: pip compiles at install).
 # Usage on the device: OUT=$OUT BEFORE=.gpu/before EXAMPLES=.gpu/examples bash bench/gpu_issue43.sh [parts]
@@ -58,12 +60,12 @@ for r in json.load(sys.stdin)['recoveries']:
       done;;
     happy) echo "== happy path, cuda, 1 GPU"
       timeout ${HAPPY_TIMEOUT:-200} python3 bench/bench_happy_path.py --repeats ${REPEATS:-5} --steps ${HAPPY_STEPS:-2000} --device cuda --nproc 1 \
-        --resctl-path before=$BEFORE ${HAPPY_ARGS:-} --json "$OUT/happy.json" > "$OUT/happy.txt" 2>&1; echo "exit $?"; tail -9 "$OUT/happy.txt";;
+        ${HAPPY_BEFORE-"--resctl-path before=$BEFORE"} ${HAPPY_ARGS:-} --json "$OUT/happy.json" > "$OUT/happy.txt" 2>&1; echo "exit $?"; tail -9 "$OUT/happy.txt";;
     profile) echo "== step phases: torchrun, resctl (forked), resctl (exec'd), alternating"
       lscpu | grep -i "^CPU(s)\|thread\|core\|socket\|numa"
-      timeout ${PROFILE_TIMEOUT:-200} python3 bench/gpu_step_profile.py --repeats ${PROFILE_REPEATS:-2} --blocks 8 --steps 200 \
+      timeout ${PROFILE_TIMEOUT:-200} python3 bench/gpu_step_profile.py --repeats ${PROFILE_REPEATS:-2} --blocks ${PROFILE_BLOCKS:-8} --steps 200 \
         ${PROFILE_LAUNCHERS:+--launchers $PROFILE_LAUNCHERS} > "$OUT/profile.json" 2> "$OUT/profile.err"
-      echo "exit $?"; grep " step as_is " "$OUT/profile.err"
+      echo "exit $?"; grep " step as_is " "$OUT/profile.err"; grep -c "s as_is" "$OUT/profile.err"
       python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['summary']))" "$OUT/profile.json";;
     noop) echo "== a no-op job's timeline, torchrun and resctl alternating"
       timeout ${NOOP_TIMEOUT:-120} python3 bench/noop_timeline.py --rounds ${NOOP_ROUNDS:-3} ${NOOP_ARGS:---importtime} > "$OUT/noop.txt" 2>&1
@@ -74,6 +76,9 @@ for r in json.load(sys.stdin)['recoveries']:
         --launchers ${BLOCKED_LAUNCHERS:-torchrun,resctl,resctl:exec:nostandby,resctl:exec:standby} --timeout ${BLOCKED_ROUND_TIMEOUT:-30} \
         > "$OUT/blocked.json" 2> "$OUT/blocked.err"
       echo "exit $?"; grep "^kill" "$OUT/blocked.err"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50']['kill_to_first_step'])); [print(e[-600:]) for e in d.get('errors', [])]" "$OUT/blocked.json";;
+    death) echo "== a killed CUDA process's teardown; persistence mode: $(nvidia-smi --query-gpu=persistence_mode --format=csv,noheader)"
+      timeout 120 python3 bench/gpu_death_notice.py --rounds ${DEATH_ROUNDS:-4} --gib ${DEATH_GIB:-2} > "$OUT/death.json" 2> "$OUT/death.err"
+      echo "exit $?"; python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['medians']))" "$OUT/death.json";;
     standby) echo "== one standby interpreter's cost (torch, the shim, torch._dynamo and FSDP imported)"
       timeout 120 python3 bench/standby_cost.py --late --repeats 3 > "$OUT/standby.json" 2> "$OUT/standby.err"
       echo "exit $?"; cut -c1-400 "$OUT/standby.json" | tail -c 400;;

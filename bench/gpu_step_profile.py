@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=12)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--launchers", default=",".join(LAUNCHERS))
+    ap.add_argument("--late-after", type=float, default=5.0,
+                    help="the summary's `late` columns: only blocks that began this many seconds into the worker")
     a = ap.parse_args()
     names = a.launchers.split(",")
     runs: dict[str, list[dict]] = {n: [] for n in names}
@@ -54,12 +56,17 @@ def main() -> None:
             r = runs[n][-1]
             print(f"{n}: step as_is {r['as_is']['step']} us, no hooks {r['no_opt_hooks']['step']}, no gc "
                   f"{r['no_gc']['step']}", file=sys.stderr, flush=True)
+            for b in r.get("timeline", []):
+                print(f"   {b['at']:6.2f}s {b['kind']:13s} {b['step']:8.1f} us  main {b['main']:.2f} other "
+                      f"{b['other_threads']:.2f} parent {b['parent']:.2f} host {b['host_busy']:.2f}", file=sys.stderr)
     summary = {}
     for n, rs in runs.items():
         ok = [r for r in rs if "as_is" in r]
         if ok:
             summary[n] = {kind: {p: statistics.median(r[kind][p] for r in ok) for p in ok[0][kind]}
                           for kind in ("as_is", "no_opt_hooks", "no_gc")}
+            late = [[b["step"] for b in r.get("timeline", []) if b["at"] >= a.late_after] for r in ok]
+            summary[n]["late_step_medians"] = [statistics.median(x) if x else None for x in late]
     print(json.dumps({"summary": summary, "runs": runs}, indent=1))
 
 

@@ -5,7 +5,10 @@ backward, optimizer step, device sync) in alternating blocks: `as_is`; `no_opt_h
 optimizer post hooks, resctl's shim among them, removed for the block); `no_gc` (the cyclic GC off).
 Rank 0 prints one `PHASES <json>` line: per block kind the median of each phase and of the step,
 and what the process inherited (threads, CPU affinity, nice, autogroup, GC generations, hugepages,
-torch's thread pools, NCCL/TORCH/CUDA/OMP variables).
+torch's thread pools, NCCL/TORCH/CUDA/OMP variables); and per block (`timeline`) when it ran (seconds since the
+process started), its median step, and who had the CPU meanwhile, as shares of the block's wall time: this
+thread, the process's other threads, the parent (the launcher) and the whole host (busy cores), so a slow block
+says whether the worker waited for its own GIL, shared a core, or the launcher was busy beside it.
 
     torchrun --nproc-per-node 1 bench/scripts/step_phases.py --device cuda --blocks 12 --steps 200
 """
@@ -46,6 +49,50 @@ def facts() -> dict:
         "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL", "TORCH", "CUDA", "OMP", "PYTORCH", "MALLOC", "LD_"))},
         "switch_interval": __import__("sys").getswitchinterval(),
     }
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: str) -> float:
+    """CPU seconds (user + system) of a process (all its threads), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _host_busy() -> float:
+    with open("/proc/stat") as f:
+        cpu = [int(x) for x in f.readline().split()[1:]]
+    return (sum(cpu) - cpu[3] - cpu[4]) / TICK  # all but idle and iowait
+
+
+def _started_ago() -> float:
+    with open("/proc/self/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19]) / TICK
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0]) - start
+
+
+class Shares:
+    """Who had the CPU during one block: this thread, the rest of this process, the parent, the host."""
+
+    def __init__(self) -> None:
+        self.parent = str(os.getppid())
+        self.t0 = self._read()
+
+    def _read(self) -> tuple[float, ...]:
+        return (time.perf_counter(), time.thread_time(), _proc_cpu("self"), _proc_cpu(self.parent), _host_busy())
+
+    def done(self) -> dict:
+        t1 = self._read()
+        wall, me, proc, parent, host = (b - a for a, b in zip(self.t0, t1))
+        wall = max(wall, 1e-9)
+        return {"main": round(me / wall, 3), "other_threads": round(max(proc - me, 0.0) / wall, 3),
+                "parent": round(parent / wall, 3), "host_busy": round(host / wall, 2)}
 
 
 def main() -> None:
@@ -90,8 +137,10 @@ def main() -> None:
     kinds = ("as_is", "no_opt_hooks", "no_gc")
     got: dict[str, list[list[int]]] = {k: [] for k in kinds}
     gc_before = [s["collections"] for s in gc.get_stats()]
+    timeline = []
     for b in range(args.blocks):
         for kind in (kinds if b % 2 == 0 else kinds[::-1]):
+            at, shares, before = _started_ago(), Shares(), len(got[kind])
             saved = None
             if kind == "no_opt_hooks":
                 saved = dict(optimizer_mod._global_optimizer_post_hooks)
@@ -104,11 +153,14 @@ def main() -> None:
                 if saved is not None:
                     optimizer_mod._global_optimizer_post_hooks.update(saved)
                 gc.enable()
+            step = statistics.median(r[5] for r in got[kind][before:]) / 1e3
+            timeline.append({"at": round(at, 2), "kind": kind, "step": round(step, 1), **shares.done()})
     gc_during = [s["collections"] - b for s, b in zip(gc.get_stats(), gc_before)]
     out = {k: {p: round(statistics.median(r[i] for r in rows) / 1e3, 2) for i, p in enumerate(PHASES)}
            for k, rows in got.items()}
     out["mean_step_us"] = {k: round(statistics.fmean(r[5] for r in rows) / 1e3, 2) for k, rows in got.items()}
     out["gc_collections_during"] = gc_during
+    out["timeline"] = timeline
     out["facts"] = facts()
     if dist.get_rank() == 0:
         print("PHASES " + json.dumps(out), flush=True)
