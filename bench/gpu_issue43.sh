@@ -60,7 +60,7 @@ for r in json.load(sys.stdin)['recoveries']:
       done;;
     happy) echo "== happy path, cuda, 1 GPU"
       timeout ${HAPPY_TIMEOUT:-200} python3 bench/bench_happy_path.py --repeats ${REPEATS:-5} --steps ${HAPPY_STEPS:-2000} --device cuda --nproc 1 \
-        ${HAPPY_BEFORE-"--resctl-path before=$BEFORE"} ${HAPPY_ARGS:-} --json "$OUT/happy.json" > "$OUT/happy.txt" 2>&1; echo "exit $?"; tail -9 "$OUT/happy.txt";;
+        ${HAPPY_BEFORE---resctl-path before=$BEFORE} ${HAPPY_ARGS:-} --json "$OUT/happy.json" > "$OUT/happy.txt" 2>&1; echo "exit $?"; tail -9 "$OUT/happy.txt";;
     profile) echo "== step phases: torchrun, resctl (forked), resctl (exec'd), alternating"
       lscpu | grep -i "^CPU(s)\|thread\|core\|socket\|numa"
       timeout ${PROFILE_TIMEOUT:-200} python3 bench/gpu_step_profile.py --repeats ${PROFILE_REPEATS:-2} --blocks ${PROFILE_BLOCKS:-8} --steps 200 \
