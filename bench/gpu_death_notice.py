@@ -3,7 +3,7 @@
 
 A parent that imported torch (as resctl's launcher has) forks a child per round; the child makes its CUDA
 context (`torch.cuda.set_device`), fills `--gib` GiB of GPU memory, makes a one-rank NCCL group and runs one
-all-reduce, reports each phase's seconds on a pipe, and waits. The parent SIGKILLs it and times, from the kill:
+all-reduce, then a second group the same way (what of NCCL's start is once per process), reports each phase's seconds on a pipe, and waits. The parent SIGKILLs it and times, from the kill:
 the child's end of a pipe reaching EOF (its files closed), its pidfd becoming readable (what a launcher's
 monitor sees: the process is a zombie), and the reap. So: is "the launcher saw the worker die" the driver's
 teardown of a CUDA context, and how much of a restarted worker's start is the context and NCCL.
@@ -47,6 +47,13 @@ def child(write_fd: int, gib: float, store_dir: str, round_: int) -> None:
     dist.all_reduce(x)
     sync()
     t["nccl"] = time.time()
+    dist.destroy_process_group()  # a second group in the same process: what of NCCL's start is once per process
+    store = dist.FileStore(os.path.join(store_dir, f"store{round_}b"), 1)
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=0, world_size=1,
+                            device_id=device if cuda else None)
+    dist.all_reduce(x)
+    sync()
+    t["nccl_again"] = time.time()
     os.write(write_fd, (json.dumps(t) + "\n").encode())
     del hold
     while True:
@@ -71,7 +78,7 @@ def one_round(gib: float, store_dir: str, round_: int) -> dict:
         line += chunk
     t = json.loads(line)
     start = {"context": t["context"] - t["forked"], "memory": t["memory"] - t["context"],
-             "nccl": t["nccl"] - t["memory"]}
+             "nccl": t["nccl"] - t["memory"], "nccl_again": t["nccl_again"] - t["nccl"]}
     pidfd = os.pidfd_open(pid)
     poll = select.poll()
     poll.register(r, select.POLLIN | select.POLLHUP)

@@ -56,6 +56,8 @@ def main() -> None:
             r = runs[n][-1]
             print(f"{n}: step as_is {r['as_is']['step']} us, no hooks {r['no_opt_hooks']['step']}, no gc "
                   f"{r['no_gc']['step']}", file=sys.stderr, flush=True)
+            print(f"   paired (hooks on/off step by step): {r.get('paired')}; resctl's threads "
+                  f"{r.get('resctl_threads_cpu_s')} CPU-s", file=sys.stderr)
             for b in r.get("timeline", []):
                 print(f"   {b['at']:6.2f}s {b['kind']:13s} {b['step']:8.1f} us  main {b['main']:.2f} other "
                       f"{b['other_threads']:.2f} parent {b['parent']:.2f} host {b['host_busy']:.2f}", file=sys.stderr)
@@ -67,6 +69,7 @@ def main() -> None:
                           for kind in ("as_is", "no_opt_hooks", "no_gc")}
             late = [[b["step"] for b in r.get("timeline", []) if b["at"] >= a.late_after] for r in ok]
             summary[n]["late_step_medians"] = [statistics.median(x) if x else None for x in late]
+            summary[n]["paired_hooks_us"] = [r.get("paired", {}).get("hooks_us") for r in ok]
     print(json.dumps({"summary": summary, "runs": runs}, indent=1))
 
 

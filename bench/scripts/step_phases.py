@@ -17,6 +17,7 @@ import argparse
 import gc
 import json
 import os
+import random
 import statistics
 import threading
 import time
@@ -95,6 +96,26 @@ class Shares:
                 "parent": round(parent / wall, 3), "host_busy": round(host / wall, 2)}
 
 
+def _thread_cpu(prefix: str) -> float:
+    """CPU seconds so far of this process's Python threads whose name starts with `prefix`."""
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name.startswith(prefix) and t.native_id is not None:
+            total += _proc_cpu(f"self/task/{t.native_id}")
+    return total
+
+
+def _paired_cost(rows: list[tuple[int, int]]) -> dict:
+    """Per pair, the step with the hooks minus the one without (us): the hooks' cost per step."""
+    if not rows:
+        return {"pairs": 0}
+    diffs = [(on - off) / 1e3 for on, off in rows]
+    return {"pairs": len(rows), "hooks_us": round(statistics.median(diffs), 2),
+            "hooks_mean_us": round(statistics.fmean(diffs), 2),
+            "on_us": round(statistics.median(r[0] for r in rows) / 1e3, 1),
+            "off_us": round(statistics.median(r[1] for r in rows) / 1e3, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=12)
@@ -133,7 +154,36 @@ def main() -> None:
             rows.append([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0])
         return rows
 
+    hooks = optimizer_mod._global_optimizer_post_hooks
+    all_hooks = dict(hooks)
+
+    def paired(n: int) -> list[tuple[int, int]]:
+        """`n` pairs of steps, one with the global optimizer hooks (resctl's shim's among them) and one without,
+        in an order drawn per pair (a loop's own step-to-step pattern, e.g. every other step slower, cancels): a
+        machine whose speed drifts over tenths of a second (the H100 host's) drifts alike on both. (on, off) ns."""
+        rows = []
+        for _ in range(n):
+            got = {}
+            first_on = order.random() < 0.5
+            for on in (first_on, not first_on):
+                hooks.clear()
+                if on:
+                    hooks.update(all_hooks)
+                t0 = clock()
+                opt.zero_grad(set_to_none=True)
+                model(x).square().mean().backward()
+                opt.step()
+                sync()
+                got[on] = clock() - t0
+            rows.append((got[True], got[False]))
+        hooks.clear()
+        hooks.update(all_hooks)
+        return rows
+
     block(50)  # warm-up
+    ours_before = _thread_cpu("resctl")
+    pairs: list[tuple[int, int]] = []
+    order = random.Random(0)
     kinds = ("as_is", "no_opt_hooks", "no_gc")
     got: dict[str, list[list[int]]] = {k: [] for k in kinds}
     gc_before = [s["collections"] for s in gc.get_stats()]
@@ -155,12 +205,16 @@ def main() -> None:
                 gc.enable()
             step = statistics.median(r[5] for r in got[kind][before:]) / 1e3
             timeline.append({"at": round(at, 2), "kind": kind, "step": round(step, 1), **shares.done()})
+        pairs += paired(args.steps)
+    ours = _thread_cpu("resctl") - ours_before
     gc_during = [s["collections"] - b for s, b in zip(gc.get_stats(), gc_before)]
     out = {k: {p: round(statistics.median(r[i] for r in rows) / 1e3, 2) for i, p in enumerate(PHASES)}
            for k, rows in got.items()}
     out["mean_step_us"] = {k: round(statistics.fmean(r[5] for r in rows) / 1e3, 2) for k, rows in got.items()}
     out["gc_collections_during"] = gc_during
     out["timeline"] = timeline
+    out["paired"] = _paired_cost(pairs)
+    out["resctl_threads_cpu_s"] = round(ours, 4)
     out["facts"] = facts()
     if dist.get_rank() == 0:
         print("PHASES " + json.dumps(out), flush=True)

@@ -85,7 +85,8 @@ class BusyClock:
         self._issued_event: Any = None  # the same on a GPU: a CUDA event
         self._cuda: CudaSteps | None = None
         self._broken = False  # CUDA timing failed once (reported as no busy time from then on, never raised)
-        self._steps: deque[float] = deque(maxlen=WINDOW)  # the last steps' lengths, until timing starts
+        self._steps: deque[bool] = deque(maxlen=WINDOW)  # the last steps: long (>= TIMED_FROM_S)? until timing starts
+        self._long = 0  # how many of them were long: their upper median is long when at least half are (no sort a step)
         self._warmup = WARMUP
         #: DDP modules seen at a first forward, not timed yet, and what times one (`install`'s).
         self.waiting: list[weakref.ref[Any]] = []
@@ -156,11 +157,16 @@ class BusyClock:
         if self._warmup > 0:
             self._warmup -= 1
             return
-        self._steps.append(step)
-        if len(self._steps) < WINDOW or sorted(self._steps)[WINDOW // 2] < TIMED_FROM_S or not _group_up():
+        steps, long = self._steps, step >= TIMED_FROM_S
+        if len(steps) == WINDOW and steps[0]:
+            self._long -= 1
+        steps.append(long)
+        self._long += long
+        if len(steps) < WINDOW or self._long < WINDOW - WINDOW // 2 or not _group_up():
             return
         self.timing = True
-        self._steps.clear()
+        steps.clear()
+        self._long = 0
         if _cuda_in_use():
             try:
                 import torch
