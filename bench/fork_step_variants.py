@@ -13,6 +13,7 @@ import ctypes
 import gc
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -85,7 +86,7 @@ def loop(steps: int, store_dir: str) -> dict:
     for i in range(200 + steps):
         if i == 200:
             cpu0, wall0 = time.thread_time(), time.perf_counter()
-            proc0 = time.process_time()
+            proc0, ru0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter_ns()
         opt.zero_grad(set_to_none=True)
         model(x).square().mean().backward()
@@ -94,10 +95,13 @@ def loop(steps: int, store_dir: str) -> dict:
         times.append(time.perf_counter_ns() - t0)
     wall = time.perf_counter() - wall0
     main, proc = time.thread_time() - cpu0, time.process_time() - proc0
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    per_step = {k: round((getattr(ru, f"ru_{k}") - getattr(ru0, f"ru_{k}")) / steps, 3)
+                for k in ("minflt", "majflt", "nvcsw", "nivcsw")}  # page faults and context switches a step
     dist.destroy_process_group()
     return {"step_us": round(statistics.median(times[200:]) / 1e3, 1),
             "main_cpu_us": round(main / steps * 1e6, 1), "other_cpu_us": round((proc - main) / steps * 1e6, 1),
-            "wall_us": round(wall / steps * 1e6, 1)}
+            "wall_us": round(wall / steps * 1e6, 1), **per_step}
 
 
 def run_variant(name: str, steps: int, store_dir: str) -> dict:
@@ -148,7 +152,7 @@ def main() -> None:
                 line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
                 got[n].append(json.loads(line[7:]) if line else {"error": out.stderr[-800:]})
                 print(f"{n}: {got[n][-1]}", file=sys.stderr, flush=True)
-    summary = {n: {k: statistics.median(r[k] for r in rs if k in r) for k in ("step_us", "main_cpu_us", "other_cpu_us")}
+    summary = {n: {k: statistics.median(r[k] for r in rs if k in r) for k in ("step_us", "main_cpu_us", "other_cpu_us", "minflt", "nvcsw", "nivcsw")}
                for n, rs in got.items() if any("step_us" in r for r in rs)}
     print(json.dumps({"summary": summary, "runs": got}, indent=1))
 

@@ -57,7 +57,7 @@ def main() -> None:
             print(f"{n}: step as_is {r['as_is']['step']} us, no hooks {r['no_opt_hooks']['step']}, no gc "
                   f"{r['no_gc']['step']}", file=sys.stderr, flush=True)
             print(f"   paired (hooks on/off step by step): {r.get('paired')}; resctl's threads "
-                  f"{r.get('resctl_threads_cpu_s')} CPU-s", file=sys.stderr)
+                  f"{r.get('resctl_threads_cpu_s')} CPU-s; a step's faults and switches {r.get('per_step')}", file=sys.stderr)
             for b in r.get("timeline", []):
                 print(f"   {b['at']:6.2f}s {b['kind']:13s} {b['step']:8.1f} us  main {b['main']:.2f} other "
                       f"{b['other_threads']:.2f} parent {b['parent']:.2f} host {b['host_busy']:.2f}", file=sys.stderr)

@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import random
+import resource
 import statistics
 import threading
 import time
@@ -182,6 +183,7 @@ def main() -> None:
 
     block(50)  # warm-up
     ours_before = _thread_cpu("resctl")
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     pairs: list[tuple[int, int]] = []
     order = random.Random(0)
     kinds = ("as_is", "no_opt_hooks", "no_gc")
@@ -207,6 +209,9 @@ def main() -> None:
             timeline.append({"at": round(at, 2), "kind": kind, "step": round(step, 1), **shares.done()})
         pairs += paired(args.steps)
     ours = _thread_cpu("resctl") - ours_before
+    ru, n_steps = resource.getrusage(resource.RUSAGE_SELF), args.blocks * args.steps * 5
+    per_step = {k: round((getattr(ru, f"ru_{k}") - getattr(ru0, f"ru_{k}")) / n_steps, 3)
+                for k in ("minflt", "nvcsw", "nivcsw")}  # page faults, context switches a step
     gc_during = [s["collections"] - b for s, b in zip(gc.get_stats(), gc_before)]
     out = {k: {p: round(statistics.median(r[i] for r in rows) / 1e3, 2) for i, p in enumerate(PHASES)}
            for k, rows in got.items()}
@@ -215,6 +220,7 @@ def main() -> None:
     out["timeline"] = timeline
     out["paired"] = _paired_cost(pairs)
     out["resctl_threads_cpu_s"] = round(ours, 4)
+    out["per_step"] = per_step
     out["facts"] = facts()
     if dist.get_rank() == 0:
         print("PHASES " + json.dumps(out), flush=True)
