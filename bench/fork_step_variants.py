@@ -26,6 +26,7 @@ VARIANTS = {
     "fork_heavy": ("heavy", None),       # forked from one that imported what resctl's launcher has at a fork
     "fork_heavy_freeze": ("heavy", "freeze"),  # ... and froze the collector's objects first (resctl's at-fork hook)
     "fork_heavy_trim": ("heavy", "trim"),      # ... and gave malloc's free memory back first (malloc_trim)
+    "fork_heavy_thread": ("heavy_thread", None),  # the heavy imports in a thread (as the launcher's late preload)
     "fork_nvml": ("nvml", None),         # forked from one that imported torch and initialised NVML (as NVRx's monitor)
     "fork_threads": ("threads", None),   # forked from one whose other threads had allocated (a launcher has several)
 }
@@ -55,6 +56,12 @@ def imports(kind: str) -> None:
             t.start()
         for t in workers:
             t.join()
+    if kind == "heavy_thread":
+        import threading
+
+        t = threading.Thread(target=imports, args=("heavy",))
+        t.start()
+        t.join()
     if kind == "heavy":
         import torch._dynamo
         import torch.distributed.fsdp  # noqa: F401
