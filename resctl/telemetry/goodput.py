@@ -55,7 +55,8 @@ Definitions:
   event, so NVRx's teardown and barrier count here); restart: to the last rank's `start`
   (launcher) or `restart` (in-process); checkpoint load: to the last rank's `resume`; first
   step: to the last rank's first step. A fault without a record is timed from the old epoch's
-  last step.
+  last step written (a SIGKILLed rank's last `STEP_FLUSH_EVERY` = 0.1 s of steps die with it:
+  detection reads up to that much long).
 - **Phases of the restart** (the same split bench/scale measures at N simulated nodes), launcher
   recoveries: stop, detection to the last launcher's `stopped` (its workers gone; without it, the old
   epoch's last record); rendezvous, to
