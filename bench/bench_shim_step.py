@@ -7,6 +7,7 @@ monitor server started here as ft_launcher starts it); the result is the median 
 each and their difference (target: <= 20 us).
 
     python bench/bench_shim_step.py --blocks 20 --steps 500
+    python bench/bench_shim_step.py --hook-only 20000     # the hook's call alone
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=20, help="alternating blocks of each kind")
     ap.add_argument("--steps", type=int, default=500, help="steps per block")
     ap.add_argument("--no-monitor", action="store_true", help="no rank monitor (heartbeats off)")
+    ap.add_argument("--hook-only", type=int, metavar="N", help="time N calls of the hook alone (no step): its own cost, "
+                    "without the step's noise; prints the best of 7 rounds' mean")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}.items():
@@ -71,6 +74,21 @@ def main() -> int:
 
     shim = Shim(Profile(), tmp / "run")
     shim.heartbeats.connect()
+    if args.hook_only:
+        hook = shim.on_optimizer_step
+        rounds = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(args.hook_only):
+                hook()
+            rounds.append((time.perf_counter() - t0) / args.hook_only)
+        print(f"hook alone: {min(rounds) * 1e6:.2f} us a call (best of 7 rounds of {args.hook_only}; "
+              f"median {statistics.median(rounds) * 1e6:.2f} us)")
+        shim.finish("ok")
+        shim.events.close()
+        if monitor is not None:
+            monitor.terminate()  # type: ignore[attr-defined]
+        return 0
     steps_times(step, 200)  # warm-up
     plain: list[float] = []
     hooked: list[float] = []
