@@ -27,6 +27,9 @@ VARIANTS = {
     "fork_heavy_freeze": ("heavy", "freeze"),  # ... and froze the collector's objects first (resctl's at-fork hook)
     "fork_heavy_trim": ("heavy", "trim"),      # ... and gave malloc's free memory back first (malloc_trim)
     "fork_heavy_thread": ("heavy_thread", None),  # the heavy imports in a thread (as the launcher's late preload)
+    "fork_dynamo": ("dynamo", None),     # forked after importing torch._dynamo only (of the heavy set)
+    "fork_fsdp": ("fsdp", None),         # ... torch.distributed.fsdp only
+    "fork_nvrx": ("nvrx", None),         # ... NVRx's fault tolerance and resctl's shim only
     "fork_nvml": ("nvml", None),         # forked from one that imported torch and initialised NVML (as NVRx's monitor)
     "fork_threads": ("threads", None),   # forked from one whose other threads had allocated (a launcher has several)
 }
@@ -56,6 +59,14 @@ def imports(kind: str) -> None:
             t.start()
         for t in workers:
             t.join()
+    if kind == "dynamo":
+        import torch._dynamo
+    if kind == "fsdp":
+        import torch.distributed.fsdp
+    if kind == "nvrx":
+        import nvidia_resiliency_ext.fault_tolerance
+
+        import resctl.shim.runtime
     if kind == "heavy_thread":
         import threading
 

@@ -2,7 +2,8 @@
 `resctl run` (forked workers) and `resctl run --set launch.worker_start=exec`, alternating, `--repeats`
 times; prints one JSON document with every run's phase medians (per block kind: as is, without the
 global optimizer hooks, without the GC) and what each worker inherited. A launcher named `resctl+KEY=VALUE`
-is resctl with `--set KEY=VALUE` (a variant: its own column).
+is resctl with `--set KEY=VALUE` (a variant: its own column); `resctl@DIR` (or `resctl_exec@DIR`) is resctl
+with the checkout at DIR first on PYTHONPATH (another tree: the code before a change, a trial).
 
     python bench/gpu_step_profile.py --repeats 3 --device cuda
     python bench/gpu_step_profile.py --launchers torchrun,resctl,resctl+launch.late_preload=late
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,12 +44,16 @@ def main() -> None:
     for i in range(a.repeats):
         for n in (names if i % 2 == 0 else names[::-1]):
             base, *sets = n.split("+")
+            base, _, tree = base.partition("@")
+            env = dict(os.environ)
+            if tree:
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tree).resolve()), env.get("PYTHONPATH")]))
             cmd = list(LAUNCHERS[base]) + [arg for kv in sets for arg in ("--set", kv)]
             if n.startswith("resctl"):
                 cmd += ["--run-dir", str(tmp / f"{base}-{len(sets)}-{i}")]
             cmd += [str(HERE / "scripts" / "step_phases.py"), "--device", a.device, "--blocks", str(a.blocks),
                     "--steps", str(a.steps)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp, env=env)
             line = next((x for x in (proc.stdout + proc.stderr).splitlines() if x.startswith("PHASES ")), None)
             if line is None:
                 runs[n].append({"error": (proc.stdout + proc.stderr)[-2000:]})
