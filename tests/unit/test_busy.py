@@ -8,6 +8,8 @@ import threading
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from resctl.shim import busy
 
@@ -197,3 +199,26 @@ def test_on_a_gpu_every_time_of_the_step_is_an_event_of_the_gradients_device(mon
     assert clock.bucket_done(Fut()) == "grads"  # 90 ms: DDP waited 20 ms; the future's value goes on
     assert clock.boundary(0.0) == pytest.approx((100.0 - 5.0 - 5.0 - 20.0) / 1000)  # 100 ms; all complete: read
     assert devices == ["cuda:1"] * 8
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0.0, busy.TIMED_FROM_S / 2, busy.TIMED_FROM_S, busy.TIMED_FROM_S * 3]),
+                max_size=3 * (busy.WARMUP + busy.WINDOW)))
+def test_timing_starts_where_the_last_windows_upper_median_is_long(steps: list[float]) -> None:
+    """The count of long steps (kept a step at a time) starts timing at the step where sorting the last `WINDOW`
+    steps after the `WARMUP` would have: its upper median long, i.e. at least half of them long."""
+    clock = busy.BusyClock()
+    expected, started = None, None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(busy, "_group_up", lambda: True)
+        mp.setattr(busy, "_cuda_in_use", lambda: False)
+        for i, step in enumerate(steps):
+            window = steps[busy.WARMUP:i + 1][-busy.WINDOW:]
+            if expected is None and i >= busy.WARMUP and len(window) == busy.WINDOW and \
+                    sorted(window)[busy.WINDOW // 2] >= busy.TIMED_FROM_S:
+                expected = i
+            if not clock.timing:
+                clock._time_when_long(step)
+                if clock.timing:
+                    started = i
+    assert started == expected

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from resctl.telemetry import events as ev
 from resctl.telemetry import metrics
@@ -204,3 +206,20 @@ def test_a_sigkill_loses_at_most_the_last_batch_of_steps(tmp_path: Path) -> None
     assert [e["step"] for e in steps] == list(range(1, len(steps) + 1)), "no gap, no torn line"
     assert len(steps) < made, "the last batch was still in memory"
     assert killed_at - steps[-1]["t"] <= ev.STEP_FLUSH_EVERY + 1.0, "what was lost is at most one batch"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e6, allow_nan=False), st.one_of(st.none(), st.floats(0, 1e6, allow_nan=False))),
+                min_size=1, max_size=20))
+def test_step_lines_carry_six_decimals_as_round_gave(tmp_path_factory: pytest.TempPathFactory,
+                                                     values: list[tuple[float, float | None]]) -> None:
+    """The step batch formats its numbers itself (no `round()` on the hot path): what a reader parses is still the
+    value rounded to six decimals, and every line is valid JSON of the `step` kind."""
+    run = tmp_path_factory.mktemp("steps")
+    log = ev.EventLog(run, rank=0)
+    for n, (duration, busy) in enumerate(values, 1):
+        log.step(n, duration, busy)
+    log.close()
+    lines = [json.loads(line) for line in ev.events_path(run, 0).read_text().splitlines()]
+    assert [(e["duration"], e.get("busy")) for e in lines] == \
+        [(round(d, 6), None if b is None else round(b, 6)) for d, b in values]
