@@ -193,17 +193,14 @@ def main() -> None:
     for b in range(args.blocks):
         for kind in (kinds if b % 2 == 0 else kinds[::-1]):
             at, shares, before = _started_ago(), Shares(), len(got[kind])
-            saved = None
             if kind == "no_opt_hooks":
-                saved = dict(optimizer_mod._global_optimizer_post_hooks)
-                optimizer_mod._global_optimizer_post_hooks.clear()
+                hooks.clear()
             if kind == "no_gc":
                 gc.disable()
             try:
                 got[kind] += block(args.steps)
             finally:
-                if saved is not None:
-                    optimizer_mod._global_optimizer_post_hooks.update(saved)
+                hooks.update(all_hooks)
                 gc.enable()
             step = statistics.median(r[5] for r in got[kind][before:]) / 1e3
             timeline.append({"at": round(at, 2), "kind": kind, "step": round(step, 1), **shares.done()})
