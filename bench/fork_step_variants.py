@@ -19,6 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+import hwcount  # bench/scripts/hwcount.py
 
 VARIANTS = {
     "fresh": ("light", None),            # the loop in the interpreter that imported torch (torchrun's worker)
@@ -90,6 +94,7 @@ def loop(steps: int, store_dir: str) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    counters = hwcount.Counters()  # before CUDA's, NCCL's and autograd's threads start
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
@@ -104,7 +109,7 @@ def loop(steps: int, store_dir: str) -> dict:
     for i in range(200 + steps):
         if i == 200:
             cpu0, wall0 = time.thread_time(), time.perf_counter()
-            proc0, ru0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+            proc0, ru0, hw0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF), counters.read()
         t0 = time.perf_counter_ns()
         opt.zero_grad(set_to_none=True)
         model(x).square().mean().backward()
@@ -113,13 +118,13 @@ def loop(steps: int, store_dir: str) -> dict:
         times.append(time.perf_counter_ns() - t0)
     wall = time.perf_counter() - wall0
     main, proc = time.thread_time() - cpu0, time.process_time() - proc0
-    ru = resource.getrusage(resource.RUSAGE_SELF)
+    ru, hw = resource.getrusage(resource.RUSAGE_SELF), hwcount.Counters.diff(hw0, counters.read(), per=steps)
     per_step = {k: round((getattr(ru, f"ru_{k}") - getattr(ru0, f"ru_{k}")) / steps, 3)
                 for k in ("minflt", "majflt", "nvcsw", "nivcsw")}  # page faults and context switches a step
     dist.destroy_process_group()
     return {"step_us": round(statistics.median(times[200:]) / 1e3, 1),
             "main_cpu_us": round(main / steps * 1e6, 1), "other_cpu_us": round((proc - main) / steps * 1e6, 1),
-            "wall_us": round(wall / steps * 1e6, 1), **per_step}
+            "wall_us": round(wall / steps * 1e6, 1), **per_step, "hw": hw, "hw_error": counters.error}
 
 
 def run_variant(name: str, steps: int, store_dir: str) -> dict:
@@ -172,6 +177,9 @@ def main() -> None:
                 print(f"{n}: {got[n][-1]}", file=sys.stderr, flush=True)
     summary = {n: {k: statistics.median(r[k] for r in rs if k in r) for k in ("step_us", "main_cpu_us", "other_cpu_us", "minflt", "nvcsw", "nivcsw")}
                for n, rs in got.items() if any("step_us" in r for r in rs)}
+    for n, row in summary.items():
+        hws = [r["hw"] for r in got[n] if r.get("hw")]
+        row["hw"] = {k: statistics.median(h[k] for h in hws) for k in hws[0]} if hws else None
     print(json.dumps({"summary": summary, "runs": got}, indent=1))
 
 

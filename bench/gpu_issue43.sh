@@ -15,6 +15,9 @@
 #             kill -> both ranks' first step, torchrun, resctl forked, resctl exec'd without and with standby interpreters
 #             (launch.standby) alternating
 #   standby:  bench/standby_cost.py: one standby interpreter's import time, CPU, memory and GPU memory
+#   variants: bench/fork_step_variants.py: the step loop fresh and forked from lighter and heavier parents (VARIANTS=a,b)
+#   tier:     bench/bench_memory_tier.py: the memory tier's efficiency at the 1 % plan, 6.44 GB, device staging
+#   facts:    the kernel, THP, CPU, and which hardware counters a process may read (bench/scripts/hwcount.py)
 #   death:    bench/gpu_death_notice.py: a killed CUDA process's teardown as a launcher sees it (pipe EOF, pidfd,
 #             reap) and a forked worker's CUDA context and one-rank NCCL group times
 # Wheels (cp312, git-ignored, carried): .whl = the NVRx 0.4.1 set (bench/gpu_issue41.sh), .whl07 = NVRx 0.7.0.
@@ -38,7 +41,7 @@ for part in ${*:-kill happy tutorial}; do
   t0=$(date +%s)
   case $part in
     kill) for after in ${KILL_AFTERS:-15 100}; do
-        launchers=torchrun,resctl,resctl@before; [ $after = 100 ] && launchers=$launchers,resctl@0.7
+        launchers=${KILL_LAUNCHERS:-torchrun,resctl,resctl@before}; [ $after = 100 ] && launchers=$launchers,resctl@0.7
         timeout ${KILL_TIMEOUT:-200} python3 bench/bench_kill_resume.py --script ddp --nproc 1 --device cuda --faults $ROUNDS \
           --clean 0 --steps $((after + 25)) --kill-after $after --script-args "--step-time 0.05" --launchers $launchers \
           --nvrx-path before=$BEFORE:/tmp/site04 --nvrx-path 0.7=/tmp/site07 > "$OUT/kill-$after.json" 2> "$OUT/kill-$after.err"
@@ -76,6 +79,17 @@ for r in json.load(sys.stdin)['recoveries']:
         --launchers ${BLOCKED_LAUNCHERS:-torchrun,resctl,resctl:exec:nostandby,resctl:exec:standby} --timeout ${BLOCKED_ROUND_TIMEOUT:-30} \
         > "$OUT/blocked.json" 2> "$OUT/blocked.err"
       echo "exit $?"; grep "^kill" "$OUT/blocked.err"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['p50']['kill_to_first_step'])); [print(e[-600:]) for e in d.get('errors', [])]" "$OUT/blocked.json";;
+    variants) echo "== the tiny CUDA step in a fresh interpreter and forked from lighter and heavier parents (no launcher)"
+      timeout ${VARIANTS_TIMEOUT:-200} python3 bench/fork_step_variants.py --repeats ${VARIANTS_REPEATS:-2} --steps 4000 \
+        ${VARIANTS:+--variants $VARIANTS} > "$OUT/variants.json" 2> "$OUT/variants.err"
+      echo "exit $?"; python3 -c "import json,sys; [print(k, json.dumps(v)) for k, v in json.load(open(sys.argv[1]))['summary'].items()]" "$OUT/variants.json";;
+    tier) echo "== memory tier, 6.44 GB, device staging, efficiency at the 1 % plan"
+      timeout ${TIER_TIMEOUT:-300} python3 bench/bench_memory_tier.py --params-m 537 --device cuda --stage device --dir /var/tmp/resctl-bench-mem \
+        --saves ${TIER_SAVES:-3} --restores ${TIER_RESTORES:-1} --efficiency --budget 0.01 --json "$OUT/mem-device.json" 2> "$OUT/mem-device.log" > /dev/null
+      echo "exit $?"; grep -E "efficiency|stall|restore" "$OUT/mem-device.log" | tail -8; rm -rf /var/tmp/resctl-bench-mem;;
+    facts) echo "== the machine: kernel $(uname -r); THP $(cat /sys/kernel/mm/transparent_hugepage/enabled); perf_event_paranoid $(cat /proc/sys/kernel/perf_event_paranoid 2>&1)"
+      lscpu | grep -i "model name\|^CPU(s)\|thread\|socket\|numa\|MHz\|hypervisor"
+      python3 -c "import sys; sys.path.insert(0, 'bench/scripts'); import hwcount; c = hwcount.Counters(); print('hw counters:', sorted(c.fds), c.error or 'all')";;
     death) echo "== a killed CUDA process's teardown; persistence mode: $(nvidia-smi --query-gpu=persistence_mode --format=csv,noheader)"
       timeout 120 python3 bench/gpu_death_notice.py --rounds ${DEATH_ROUNDS:-4} --gib ${DEATH_GIB:-2} > "$OUT/death.json" 2> "$OUT/death.err"
       echo "exit $?"; python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['medians']))" "$OUT/death.json";;

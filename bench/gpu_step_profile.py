@@ -28,6 +28,14 @@ LAUNCHERS = {
 }
 
 
+def _hw(hw: dict | None) -> str:
+    """A block's hardware counters a step, short (bench/scripts/hwcount.py)."""
+    if not hw:
+        return ""
+    keys = ("instructions", "ipc", "cache_misses", "dtlb_misses", "itlb_misses", "branch_misses", "page_faults")
+    return " ".join(f"{k.split('_')[0]} {hw[k]:.4g}" for k in keys if k in hw)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -66,7 +74,8 @@ def main() -> None:
                   f"{r.get('resctl_threads_cpu_s')} CPU-s; a step's faults and switches {r.get('per_step')}", file=sys.stderr)
             for b in r.get("timeline", []):
                 print(f"   {b['at']:6.2f}s {b['kind']:13s} {b['step']:8.1f} us  main {b['main']:.2f} other "
-                      f"{b['other_threads']:.2f} parent {b['parent']:.2f} host {b['host_busy']:.2f}", file=sys.stderr)
+                      f"{b['other_threads']:.2f} parent {b['parent']:.2f} host {b['host_busy']:.2f} {_hw(b.get('hw'))}",
+                      file=sys.stderr)
     summary = {}
     for n, rs in runs.items():
         ok = [r for r in rs if "as_is" in r]
@@ -76,6 +85,8 @@ def main() -> None:
             late = [[b["step"] for b in r.get("timeline", []) if b["at"] >= a.late_after] for r in ok]
             summary[n]["late_step_medians"] = [statistics.median(x) if x else None for x in late]
             summary[n]["paired_hooks_us"] = [r.get("paired", {}).get("hooks_us") for r in ok]
+            hw = [b["hw"] for r in ok for b in r.get("timeline", []) if b["kind"] == "as_is" and b.get("hw")]
+            summary[n]["as_is_hw_per_step"] = {k: statistics.median(h[k] for h in hw) for k in hw[0]} if hw else None
     print(json.dumps({"summary": summary, "runs": runs}, indent=1))
 
 

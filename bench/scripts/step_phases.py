@@ -23,6 +23,7 @@ import statistics
 import threading
 import time
 
+import hwcount  # bench/scripts/hwcount.py, beside this script (no resctl, no bench package: the user's script)
 import torch
 import torch.distributed as dist
 import torch.optim.optimizer as optimizer_mod
@@ -49,8 +50,31 @@ def facts() -> dict:
         "opt_pre_hooks": len(optimizer_mod._global_optimizer_pre_hooks),
         "module_hooks": len(torch.nn.modules.module._global_forward_pre_hooks) + len(torch.nn.modules.module._global_forward_hooks),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL", "TORCH", "CUDA", "OMP", "PYTORCH", "MALLOC", "LD_"))},
-        "switch_interval": __import__("sys").getswitchinterval(),
+        "switch_interval": __import__("sys").getswitchinterval(), **_modes(),
     }
+
+
+def _modes() -> dict:
+    """What a forked process could inherit that changes every op's path: tracing and profiling hooks, torch's
+    thread-local modes and dispatch keys (autograd's thread takes the caller's), the GC's thresholds."""
+    import sys
+
+    def get(f, *a):
+        try:
+            return repr(f(*a))
+        except Exception as e:  # noqa: BLE001 - a name this torch lacks: say so
+            return f"n/a ({type(e).__name__})"
+
+    c = torch._C
+    return {"profile": repr(sys.getprofile()), "trace": repr(sys.gettrace()),
+            "monitoring": [get(sys.monitoring.get_tool, i) for i in range(6)] if hasattr(sys, "monitoring") else None,
+            "gc_threshold": gc.get_threshold(), "grad": torch.is_grad_enabled(),
+            "inference": get(torch.is_inference_mode_enabled), "anomaly": get(torch.is_anomaly_enabled),
+            "autocast": get(torch.is_autocast_enabled), "fn_modes": get(c._len_torch_function_stack),
+            "dispatch_modes": get(c._len_torch_dispatch_stack), "fn_enabled": get(c._is_torch_function_enabled),
+            "tls_include": get(c._dispatch_tls_local_include_set), "tls_exclude": get(c._dispatch_tls_local_exclude_set),
+            "profiler": get(c._autograd._profiler_enabled), "deterministic": get(torch.are_deterministic_algorithms_enabled),
+            "matmul_precision": get(torch.get_float32_matmul_precision)}
 
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -125,6 +149,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=32)
     args = ap.parse_args()
     local_rank = int(os.environ["LOCAL_RANK"])
+    counters = hwcount.Counters()  # before CUDA's, NCCL's and autograd's threads start: they count too
     if args.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -192,7 +217,7 @@ def main() -> None:
     timeline = []
     for b in range(args.blocks):
         for kind in (kinds if b % 2 == 0 else kinds[::-1]):
-            at, shares, before = _started_ago(), Shares(), len(got[kind])
+            at, shares, before, hw0 = _started_ago(), Shares(), len(got[kind]), counters.read()
             if kind == "no_opt_hooks":
                 hooks.clear()
             if kind == "no_gc":
@@ -203,7 +228,8 @@ def main() -> None:
                 hooks.update(all_hooks)
                 gc.enable()
             step = statistics.median(r[5] for r in got[kind][before:]) / 1e3
-            timeline.append({"at": round(at, 2), "kind": kind, "step": round(step, 1), **shares.done()})
+            timeline.append({"at": round(at, 2), "kind": kind, "step": round(step, 1), **shares.done(),
+                             "hw": hwcount.Counters.diff(hw0, counters.read(), per=args.steps)})
         pairs += paired(args.steps)
     ours = _thread_cpu("resctl") - ours_before
     ru, n_steps = resource.getrusage(resource.RUSAGE_SELF), args.blocks * args.steps * 5
@@ -219,6 +245,7 @@ def main() -> None:
     out["resctl_threads_cpu_s"] = round(ours, 4)
     out["per_step"] = per_step
     out["facts"] = facts()
+    out["hw_error"] = counters.error
     if dist.get_rank() == 0:
         print("PHASES " + json.dumps(out), flush=True)
     dist.barrier()
