@@ -57,6 +57,10 @@ NOISE = (re.compile(r"The pynvml package is deprecated"), re.compile(r"^\s+impor
 TORCH_LOG = re.compile(r"^[WEIDC]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ torch/distributed/(run\.py|elastic/)\S*:\d+\]")
 ELASTIC = "torch.distributed.elastic."
 CHILD_FAILED = ELASTIC + "multiprocessing.errors.ChildFailedError"
+#: Where an interpreter's warning line starts ("/path/to/file.py:64: FutureWarning: "): a record written before it
+#: on the same line (its newline came after the warning) is the script's.
+WARNING_AT = re.compile(r"/(?:[^\s/]+/)*[^\s/]+\.py:\d+: \w*Warning: ")
+RECORD_AT_START = re.compile(r"[A-Z][A-Z_]+ rank=\d+\b")
 RECORD = re.compile(r"(?<=[^A-Z\s])(?=[A-Z][A-Z_]+ rank=\d+\b)")  # two workers' records that met on one line
 TAG = re.compile(r"\brank=(\d+)\b")
 FACT = re.compile(r"^FACT rank=(\d+) (\S+?)=(.*)$")
@@ -319,12 +323,18 @@ def split_launcher(lines: list[str]) -> tuple[list[str], list[str]]:
         line = lines[i]
         if any(n.search(line) for n in NOISE):
             # a record another worker wrote between this warning's text and its newline is the script's
-            # ("  import pynvml  # type: ignore[import]OUT rank=0 ..."): the rest of the line is noise
+            # ("  import pynvml  # type: ignore[import]OUT rank=0 ..."), and so is one whose text came before the
+            # warning and its newline after it ("OUT rank=0 0096 xx/usr/.../__init__.py:64: FutureWarning: ..."):
+            # the rest of the line is noise
+            start = WARNING_AT.search(line)
+            if start is not None and RECORD_AT_START.match(line[:start.start()]):
+                script.append(line[:start.start()])
             script.extend(RECORD.split(line)[1:])
             i += 1
             continue
         if line.startswith("resctl: "):
-            own.append(line)
+            own.append(RECORD.split(line)[0])  # printed unbuffered, its text and newline are two writes:
+            script.extend(RECORD.split(line)[1:])  # a worker's record between them is the script's
             i += 1
             if line.endswith(":"):  # its block: the summary's indented lines (counts, the last traceback)
                 while i < len(lines) and lines[i].startswith("  "):

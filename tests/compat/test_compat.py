@@ -210,6 +210,24 @@ def test_the_resource_trackers_leaked_semaphore_warning_is_the_interpreters_nois
     assert script == ["FACT rank=0 total=140"] and own == []
 
 
+def test_a_record_that_met_a_warning_or_a_resctl_line_on_one_line_stays_the_scripts() -> None:
+    """Unbuffered workers write a record's text and its newline apart (`python -u`, as torchrun's): another process's
+    line can land between them. CI lost "OUT rank=0 0096" to the pynvml warning of NVRx's rank monitor written
+    there (ci13); a `resctl:` line printed the same way (text, then newline) can take a record after its text."""
+    warning = ("/work/x/.venv/lib/python3.11/site-packages/torch/cuda/__init__.py:64: FutureWarning: The pynvml "
+               "package is deprecated. Please install nvidia-ml-py instead.")
+    raw = ["OUT rank=0 0095 xx", "OUT rank=0 0096 xx" + warning, "", "  import pynvml  # type: ignore[import]",
+           "resctl: note: the job goes onOUT rank=1 0007 yy", "OUT rank=0 0097 xx",
+           "/usr/lib/python3.11/multiprocessing/resource_tracker.py:224: UserWarning: resource_tracker: There appear to "
+           "be 1 leaked semaphore objects to clean up at shutdownOUT rank=1 0008 yy"]
+    script, own = split_launcher(raw)
+    assert script == ["OUT rank=0 0095 xx", "OUT rank=0 0096 xx", "", "OUT rank=1 0007 yy", "OUT rank=0 0097 xx",
+                      "OUT rank=1 0008 yy"]
+    assert own == ["resctl: note: the job goes on"]
+    # a warning alone (no record before it) keeps nothing of its line
+    assert split_launcher([warning, "  import pynvml  # type: ignore[import]"]) == ([], [])
+
+
 def test_torchrun_runs_are_shared_only_with_a_later_run_of_the_same_tree(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """`--compat-torchrun`: what pass 1 wrote, pass 2 reads; a run that did not do what its case says, or a file
