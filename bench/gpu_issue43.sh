@@ -17,6 +17,7 @@
 #   standby:  bench/standby_cost.py: one standby interpreter's import time, CPU, memory and GPU memory
 #   variants: bench/fork_step_variants.py: the step loop fresh and forked from lighter and heavier parents (VARIANTS=a,b)
 #   tier:     bench/bench_memory_tier.py: the memory tier's efficiency at the 1 % plan, 6.44 GB, device staging
+#   pool:     bench/scripts/intraop_pool.py under torchrun, resctl forked and exec'd: does the worker's intra-op pool run
 #   facts:    the kernel, THP, CPU, and which hardware counters a process may read (bench/scripts/hwcount.py)
 #   death:    bench/gpu_death_notice.py: a killed CUDA process's teardown as a launcher sees it (pipe EOF, pidfd,
 #             reap) and a forked worker's CUDA context and one-rank NCCL group times
@@ -87,6 +88,15 @@ for r in json.load(sys.stdin)['recoveries']:
       timeout ${TIER_TIMEOUT:-300} python3 bench/bench_memory_tier.py --params-m 537 --device cuda --stage device --dir /var/tmp/resctl-bench-mem \
         --saves ${TIER_SAVES:-3} --restores ${TIER_RESTORES:-1} --efficiency --budget 0.01 --json "$OUT/mem-device.json" 2> "$OUT/mem-device.log" > /dev/null
       echo "exit $?"; grep -E "efficiency|stall|restore" "$OUT/mem-device.log" | tail -8; rm -rf /var/tmp/resctl-bench-mem;;
+    pool) echo "== a worker's intra-op pool: OS threads and a CPU matmul with the pool / one thread, alternating"
+      for i in 1 2; do
+        for l in torchrun resctl resctl_exec; do
+          case $l in torchrun) cmd="python3 -m torch.distributed.run --nproc-per-node 1";;
+            resctl) cmd="python3 -m resctl run --nproc-per-node 1 --run-dir /tmp/pool-$l-$i";;
+            resctl_exec) cmd="python3 -m resctl run --set launch.worker_start=exec --nproc-per-node 1 --run-dir /tmp/pool-$l-$i";; esac
+          echo "$l $(timeout 120 $cmd bench/scripts/intraop_pool.py 2>&1 | grep '^POOL')"
+        done
+      done;;
     facts) echo "== the machine: kernel $(uname -r); THP $(cat /sys/kernel/mm/transparent_hugepage/enabled); perf_event_paranoid $(cat /proc/sys/kernel/perf_event_paranoid 2>&1)"
       lscpu | grep -i "model name\|^CPU(s)\|thread\|socket\|numa\|MHz\|hypervisor"
       python3 -c "import sys; sys.path.insert(0, 'bench/scripts'); import hwcount; c = hwcount.Counters(); print('hw counters:', sorted(c.fds), c.error or 'all')";;

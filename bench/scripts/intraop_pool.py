@@ -1,0 +1,46 @@
+"""Does a worker's intra-op thread pool work (issue 43: a forked worker ran 11 OS threads where torchrun's and an
+exec'd one ran 24-26 on a 16-core H100 host)? Rank 0 prints one `POOL <json>` line: the OS threads before and after
+a CPU matmul, torch's thread count, and the matmul's best time with the pool against one thread (their ratio is ~1
+when the pool does not run: the work stays on the calling thread).
+
+    torchrun --nproc-per-node 1 bench/scripts/intraop_pool.py
+    resctl run --nproc-per-node 1 bench/scripts/intraop_pool.py
+"""
+
+import json
+import os
+import time
+
+import torch
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _best(x: torch.Tensor, rounds: int = 8) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        x @ x
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    x = torch.randn(1500, 1500)
+    before = _threads()
+    pool = _best(x)
+    after = _threads()
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    one = _best(x)
+    torch.set_num_threads(n)
+    if os.environ.get("RANK", "0") == "0":
+        print("POOL " + json.dumps({"threads_before": before, "threads_after": after, "num_threads": n,
+                                    "pool_ms": round(pool * 1e3, 2), "one_ms": round(one * 1e3, 2),
+                                    "speedup": round(one / pool, 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
