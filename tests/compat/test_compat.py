@@ -212,7 +212,7 @@ def test_the_resource_trackers_leaked_semaphore_warning_is_the_interpreters_nois
 
 def test_a_record_that_met_a_warning_or_a_resctl_line_on_one_line_stays_the_scripts() -> None:
     """Unbuffered workers write a record's text and its newline apart (`python -u`, as torchrun's): another process's
-    line can land between them. CI lost "OUT rank=0 0096" to the pynvml warning of NVRx's rank monitor written
+    line can land between them. CI lost "OUT rank=0 0096" to the pynvml warning another process of the job wrote
     there (ci13); a `resctl:` line printed the same way (text, then newline) can take a record after its text."""
     warning = ("/work/x/.venv/lib/python3.11/site-packages/torch/cuda/__init__.py:64: FutureWarning: The pynvml "
                "package is deprecated. Please install nvidia-ml-py instead.")
