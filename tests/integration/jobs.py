@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from resctl.telemetry.events import read_events
 
@@ -115,6 +117,35 @@ def fill_disk(path: Path) -> None:
                 fh.flush()
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def disk_kept_full(path: Path) -> Iterator[None]:
+    """The filesystem of `path` full, and kept full while the block runs: a thread takes back every byte another
+    process frees (a checkpoint pruned, a failed write's partial file removed) within milliseconds, as a disk filled
+    by someone else's writer stays full. `fill_disk` alone left the space such a delete freed to the next save (CI,
+    ci14: the job's saves went on succeeding after the fill)."""
+    stop = threading.Event()
+    filled = threading.Event()
+
+    def keep() -> None:
+        with open(path, "ab", buffering=0) as fh:
+            while not stop.is_set():
+                try:
+                    while fh.write(b"\0" * (64 << 10)):
+                        pass
+                except OSError:  # ENOSPC: full; look again in a moment
+                    filled.set()
+                    stop.wait(0.002)
+
+    thread = threading.Thread(target=keep, name="disk-kept-full", daemon=True)
+    thread.start()
+    filled.wait(60)
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 def stop_phase_reached(phase: str, marks: Path, run_dir: Path) -> bool:

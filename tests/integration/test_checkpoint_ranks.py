@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from resctl.checkpoint import format as fmt
-from tests.integration.jobs import LOCAL_PROFILE, events, fill_disk, finish, start
+from tests.integration.jobs import LOCAL_PROFILE, disk_kept_full, events, finish, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.nvrx_independent]
 
@@ -113,8 +113,8 @@ def test_full_disk_under_resctl_run_stops_with_the_cause_and_keeps_the_last_good
             return any(e["kind"] == "ckpt_persist" and e["step"] >= 10 for e in events(run_dir))
 
         wait_for(saved_10, 120, "the checkpoint of step 10", proc)
-        fill_disk(mnt / "filler")  # the disk is full from here on
-        code, out = finish(proc, timeout=180)
+        with disk_kept_full(mnt / "filler"):  # the disk is full from here on
+            code, out = finish(proc, timeout=180)
         ev = events(run_dir)
         fails = [e for e in ev if e["kind"] == "ckpt_fail"]
         assert code != 0 and "SaveFailuresExceeded" in out and "No space left on device" in out, out[-3000:]
