@@ -333,8 +333,9 @@ def split_launcher(lines: list[str]) -> tuple[list[str], list[str]]:
             i += 1
             continue
         if line.startswith("resctl: "):
-            own.append(RECORD.split(line)[0])  # printed unbuffered, its text and newline are two writes:
-            script.extend(RECORD.split(line)[1:])  # a worker's record between them is the script's
+            mine, *records = RECORD.split(line)  # printed unbuffered, its text and newline are two writes:
+            own.append(mine)
+            script.extend(records)  # a worker's record between them is the script's
             i += 1
             if line.endswith(":"):  # its block: the summary's indented lines (counts, the last traceback)
                 while i < len(lines) and lines[i].startswith("  "):

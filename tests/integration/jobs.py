@@ -110,13 +110,17 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 def fill_disk(path: Path) -> None:
     """Write zeros to `path` until its filesystem is full (a small tmpfs in the tests): a real ENOSPC."""
-    with open(path, "wb") as fh:
+    with open(path, "wb", buffering=0) as fh:
         try:
-            while True:
-                fh.write(b"\0" * (64 << 10))
-                fh.flush()
+            _write_until_full(fh)
         except OSError:
             pass
+
+
+def _write_until_full(fh: Any) -> None:
+    """Zeros into `fh` (unbuffered) until the filesystem refuses a byte: raises the OSError (ENOSPC)."""
+    while fh.write(b"\0" * (64 << 10)):
+        pass
 
 
 @contextlib.contextmanager
@@ -132,8 +136,7 @@ def disk_kept_full(path: Path) -> Iterator[None]:
         with open(path, "ab", buffering=0) as fh:
             while not stop.is_set():
                 try:
-                    while fh.write(b"\0" * (64 << 10)):
-                        pass
+                    _write_until_full(fh)
                 except OSError:  # ENOSPC: full; look again in a moment
                     filled.set()
                     stop.wait(0.002)
