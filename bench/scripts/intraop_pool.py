@@ -18,6 +18,19 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _thread_names() -> dict[str, int]:
+    """The OS threads by name (/proc/self/task/*/comm): which ones a forked worker lacks."""
+    names: dict[str, int] = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        names[name] = names.get(name, 0) + 1
+    return dict(sorted(names.items()))
+
+
 def _best(x: torch.Tensor, rounds: int = 8) -> float:
     best = float("inf")
     for _ in range(rounds):
@@ -32,14 +45,22 @@ def main() -> None:
     before = _threads()
     pool = _best(x)
     after = _threads()
+    names = _thread_names()
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     one = _best(x)
     torch.set_num_threads(n)
+    if torch.cuda.is_available():  # the GPU host: which threads a CUDA context and its first kernels add
+        (torch.ones(8, device="cuda") * 2).sum().item()
+        names_cuda = _thread_names()
+    else:
+        names_cuda = None
     if os.environ.get("RANK", "0") == "0":
         print("POOL " + json.dumps({"threads_before": before, "threads_after": after, "num_threads": n,
                                     "pool_ms": round(pool * 1e3, 2), "one_ms": round(one * 1e3, 2),
-                                    "speedup": round(one / pool, 2)}), flush=True)
+                                    "speedup": round(one / pool, 2), "thread_names": names,
+                                    "thread_names_cuda": names_cuda,
+                                    "omp_env": os.environ.get("OMP_NUM_THREADS")}), flush=True)
 
 
 if __name__ == "__main__":
