@@ -41,7 +41,6 @@ the position is exact.
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
@@ -49,6 +48,7 @@ from typing import Any
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, Sampler
 
+from resctl import console
 from resctl.checkpoint.dataorder import batched, global_order, random_order, resplit, skip_into
 from resctl.checkpoint.datapass import (
     OVERRIDE,
@@ -115,7 +115,7 @@ class Registry:
             return
         self.said.add((action, key))
         if not quiet or (action == "resumed" and world()[0] == 0):  # one line per job for a resume
-            print(f"resctl: data position: {message}", file=sys.stderr, flush=True)
+            console.line(f"resctl: data position: {message}")
         events = self.events
         if events is not None:
             try:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Callable
 
+from resctl import console
 from resctl.errors import EXIT_USAGE, ResctlError
 
 _SHIM_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -241,8 +242,8 @@ def _teardown(ending: Ending) -> None:
     try:
         teardown_main(ending)
     except BaseException as err:  # noqa: BLE001
-        print(f"resctl: tearing down the script's module failed ({type(err).__name__}: {err}); exiting with "
-              f"the script's status {ending.code}", file=sys.stderr, flush=True)
+        console.line(f"resctl: tearing down the script's module failed ({type(err).__name__}: {err}); exiting with "
+                     f"the script's status {ending.code}")
 
 
 def _flush() -> None:

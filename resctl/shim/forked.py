@@ -49,6 +49,7 @@ import warnings
 import weakref
 from typing import Any
 
+from resctl import console
 from resctl.launch import preload
 from resctl.profile import contract
 
@@ -69,8 +70,8 @@ def reset() -> list[str]:
         try:
             step()
         except Exception as err:  # noqa: BLE001 - say what differs, and run the script anyway
-            print(f"resctl: this forked worker keeps the launcher's {name} state ({type(err).__name__}: {err}); "
-                  "launch.worker_start = \"exec\" starts a new interpreter", file=sys.stderr, flush=True)
+            console.line(f"resctl: this forked worker keeps the launcher's {name} state ({type(err).__name__}: {err}); "
+                         "launch.worker_start = \"exec\" starts a new interpreter")
             continue
         done.append(name)
     return done

@@ -39,10 +39,10 @@ import importlib
 import logging
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from resctl import console
 from resctl.launch.preload import LATE_PRELOAD
 from resctl.patching import Patches
 from resctl.profile.schema import Profile
@@ -266,9 +266,9 @@ def announce_world(shim: RestartHost) -> None:
     if smallest < shim.world_size:
         shim.events.emit("inprocess_world", min_world_size=smallest, world_size=shim.world_size)
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"resctl: in-process restart may continue with as few as {smallest} of {shim.world_size} ranks "
-                  "(inprocess.min_world_size); a rank lost to a SIGKILL is then not replaced until the launcher "
-                  "restarts the group", file=sys.stderr, flush=True)
+            console.line(f"resctl: in-process restart may continue with as few as {smallest} of {shim.world_size} ranks "
+                         "(inprocess.min_world_size); a rank lost to a SIGKILL is then not replaced until the launcher "
+                         "restarts the group")
 
 
 FAULT_KEY = "resctl/fault/{cycle}/{iteration}"  # in the app store: what failed in that iteration
@@ -363,7 +363,7 @@ def run_wrapped(shim: RestartHost, target: Target, on_fault: Callable[[BaseExcep
             world = int(os.environ.get("WORLD_SIZE", shim.world_size))
             shim.events.emit("restart", layer="inprocess", step=shim.step, world_size=world)
             if int(os.environ.get("RANK", rank)) == 0:  # one line per restart, whichever rank faulted
-                print(restart_line(app, shim, call_wrapper.iteration), file=sys.stderr, flush=True)
+                console.line(restart_line(app, shim, call_wrapper.iteration))
             shim.settle_checkpoint()
             if fresh is not None:
                 fresh.restore()

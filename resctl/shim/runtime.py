@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from resctl import checkpoint
+from resctl import checkpoint, console
 from resctl.checkpoint import memdir
 from resctl.checkpoint.errors import CheckpointDirInUse, CheckpointMismatch, SaveFailuresExceeded
 from resctl.drills import KINDS, FaultKind
@@ -110,7 +110,7 @@ class Heartbeats:
             except Exception as err:  # noqa: BLE001
                 if not self._warned:
                     self._warned = True
-                    print(f"resctl: heartbeat to the rank monitor failed: {err}", file=sys.stderr, flush=True)
+                    console.line(f"resctl: heartbeat to the rank monitor failed: {err}")
 
     def yield_to_user(self) -> None:
         with self._lock:
@@ -247,7 +247,7 @@ class Shim:
         try:
             self.checkpointer.wait()
         except Exception as err:  # noqa: BLE001 - CheckpointError: nothing to undo
-            print(f"resctl: after restart: {err}", file=sys.stderr, flush=True)
+            console.line(f"resctl: after restart: {err}")
 
     def fire_faults(self, step: int) -> None:
         """Fire the drills due at `step` on this rank (each once per run), in `KINDS` order."""
@@ -255,7 +255,7 @@ class Shim:
             if not self.faults.take(step, kind):
                 continue
             self.events.emit("fault", cause=kind, injected=True, step=step, error=f"injected {kind} at step {step}")
-            print(f"resctl: FAULT DRILL: injecting {kind} at step {step} on rank {self.rank}", file=sys.stderr, flush=True)
+            console.line(f"resctl: FAULT DRILL: injecting {kind} at step {step} on rank {self.rank}")
             DRILL_ACTIONS[kind](self, step)
 
     def hang(self) -> None:
@@ -307,7 +307,7 @@ class Shim:
             try:
                 ckpt.wait()  # the in-flight write (intercepted torch.save included) lands first
             except Exception as err:  # noqa: BLE001 - a failed write was never published; exit anyway
-                print(f"resctl: on SIGTERM: {err}", file=sys.stderr, flush=True)
+                console.line(f"resctl: on SIGTERM: {err}")
         self.leave("sigterm")
 
     def _propose_any_step(self, wait: float) -> None:
@@ -374,8 +374,7 @@ class Shim:
             agreed = coordinator.agree(timeout=max(0.0, self._stop_deadline - t0) / 2, tick=self.heartbeat)
             outcome, why = "agreed", {}
         except StopStepUnavailable as err:
-            print(f"resctl: rank {self.rank}: saving at step {step} without the other ranks: {err}",
-                  file=sys.stderr, flush=True)
+            console.line(f"resctl: rank {self.rank}: saving at step {step} without the other ranks: {err}")
             agreed, outcome, why = step, "alone", {"why": str(err)}
         self.events.emit("stop", step=agreed, at=step, proposed=coordinator.proposal, outcome=outcome,
                          seconds=round(time.monotonic() - t0, 6), **why)

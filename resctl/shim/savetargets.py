@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, Callable, Protocol
 
+from resctl import console
 from resctl.patching import Patches
 
 PROTOCOLS = ("file", "local")
@@ -57,8 +58,8 @@ def _guarded(hook: Callable[[Tracker, Patches], None], tracker: Tracker, patches
     try:
         hook(tracker, patches)
     except Exception as err:  # noqa: BLE001 - a library resctl does not know: its saves go unseen, the run goes on
-        print(f"resctl: checkpoints written through {hook.__name__[9:]} are not tracked ({type(err).__name__}: "
-              f"{err}); the report may miss them", file=sys.stderr, flush=True)
+        console.line(f"resctl: checkpoints written through {hook.__name__[9:]} are not tracked ({type(err).__name__}: "
+              f"{err}); the report may miss them")
 
 
 class AfterImport(importlib.abc.MetaPathFinder):

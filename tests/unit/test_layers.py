@@ -20,7 +20,7 @@ PKG = Path(__file__).resolve().parents[2] / "resctl"
 #: facts every layer uses (errors, the fault-drill registry, the slot policy, ...): they import
 #: nothing of resctl but each other.
 LAYERS: list[tuple[str, ...]] = [
-    ("resctl", "resctl.errors", "resctl.drills", "resctl.patching", "resctl.redact", "resctl.profile.units",
+    ("resctl", "resctl.errors", "resctl.console", "resctl.drills", "resctl.patching", "resctl.redact", "resctl.profile.units",
      "resctl.slots"),
     ("resctl.profile",),
     ("resctl.telemetry",),
