@@ -50,8 +50,26 @@ def facts() -> dict:
         "opt_pre_hooks": len(optimizer_mod._global_optimizer_pre_hooks),
         "module_hooks": len(torch.nn.modules.module._global_forward_pre_hooks) + len(torch.nn.modules.module._global_forward_hooks),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL", "TORCH", "CUDA", "OMP", "PYTORCH", "MALLOC", "LD_"))},
-        "switch_interval": __import__("sys").getswitchinterval(), **_modes(),
+        "switch_interval": __import__("sys").getswitchinterval(), **_modes(), **_kernel_state(read),
     }
+
+
+#: /proc/self/status lines a fork keeps and an exec may clear, that slow every thread of a process alike
+#: (speculation mitigations, seccomp), or say how big its inherited address space is.
+STATUS_KEYS = ("Speculation_Store_Bypass", "SpeculationIndirectBranch", "Seccomp", "Seccomp_filters", "NoNewPrivs",
+               "THP_enabled", "Cpus_allowed_list", "Mems_allowed_list", "VmRSS", "VmPTE", "RssAnon", "RssFile")
+
+
+def _kernel_state(read) -> dict:
+    """The kernel's view of this process: mitigations, limits on it, its mappings and its threads by name."""
+    status = dict(line.split(":", 1) for line in read("/proc/self/status").splitlines() if ":" in line)
+    names: dict[str, int] = {}
+    for task in os.listdir("/proc/self/task"):
+        name = read(f"/proc/self/task/{task}/comm").strip()
+        names[name] = names.get(name, 0) + 1
+    return {"status": {k: status[k].strip() for k in STATUS_KEYS if k in status},
+            "vmas": len(read("/proc/self/maps").splitlines()), "timerslack_ns": read("/proc/self/timerslack_ns").strip(),
+            "thread_names": dict(sorted(names.items()))}
 
 
 def _modes() -> dict:
