@@ -124,7 +124,8 @@ def loop(steps: int, store_dir: str) -> dict:
     dist.destroy_process_group()
     return {"step_us": round(statistics.median(times[200:]) / 1e3, 1),
             "main_cpu_us": round(main / steps * 1e6, 1), "other_cpu_us": round((proc - main) / steps * 1e6, 1),
-            "wall_us": round(wall / steps * 1e6, 1), **per_step, "hw": hw, "hw_error": counters.error}
+            "wall_us": round(wall / steps * 1e6, 1), **per_step, "hw": hw, "hw_error": counters.error,
+            "pid": os.getpid()}  # the process that ran the loop (bench/fork_step_cachegrind.py reads its counts)
 
 
 def run_variant(name: str, steps: int, store_dir: str) -> dict:

@@ -33,8 +33,10 @@ class Run:
     def facts(self) -> list[str]:
         """The script's FACT lines, up to resctl's failure summary (which quotes the worker's error)."""
         out = re.split(r"^resctl: (?:the job failed|stopped by)", self.out, maxsplit=1, flags=re.M)[0]
-        # Anywhere in a line: warnings prefix them, and two workers can share a line.
-        return sorted(re.findall(r"FACT [^\n]*?(?=FACT |\n|$)", out))
+        # Anywhere in a line, up to the next record: warnings prefix them, and two workers share a line when one
+        # writes between another's text and its newline (every launcher here runs its workers `python -u`, so
+        # print() writes them apart; CI saw "FACT spawn pool [1, 4, 9]RNG rank 1 ..." under resctl exec'd).
+        return sorted(re.findall(r"FACT [^\n]*?(?=FACT |RNG rank |\n|$)", out))
 
 
 def command(launcher: str, script: str, args: list[str], nproc: int, run_dir: Path) -> list[str]:
@@ -47,9 +49,8 @@ def command(launcher: str, script: str, args: list[str], nproc: int, run_dir: Pa
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RESCTL_", "TORCHELASTIC_"))}
-    # Buffered stdout (each FACT line is printed with flush=True): one write per line, so the two ranks'
-    # lines never interleave mid-line in the shared pipe. Unbuffered, print() writes the text and the
-    # newline apart and a peer's line could land between them (a garbled FACT, under any launcher).
+    # The shell's choice, not the test's: the workers run `python -u` under every launcher here anyway (torchrun
+    # adds it; so do resctl's), so a rank's print() writes its text and newline apart (`Run.facts` copes).
     env.pop("PYTHONUNBUFFERED", None)
     return {**env, "OMP_NUM_THREADS": "1"}
 
@@ -79,3 +80,9 @@ def test_a_worker_sees_a_new_interpreter(tmp_path: Path) -> None:
     for run in runs.values():
         for rank in (0, 1):
             assert run.out.index(f"FACT thread rank {rank}") < run.out.index(f"FACT atexit rank {rank}")
+
+
+def test_a_record_glued_to_another_ranks_is_cut_where_that_one_starts() -> None:
+    """What CI saw under load: one rank's RNG line written between another's FACT text and its newline."""
+    out = "FACT spawn pool [1, 4, 9]RNG rank 1 0.57 0.40 0.89\n\nwarn: FACT env x FACT main y\nFACT thread rank 0\n"
+    assert Run(0, out).facts == ["FACT env x ", "FACT main y", "FACT spawn pool [1, 4, 9]", "FACT thread rank 0"]
