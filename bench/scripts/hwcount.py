@@ -62,3 +62,17 @@ class Counters:
         if d.get("cycles") and "instructions" in d:
             d["ipc"] = d["instructions"] / d["cycles"]
         return {k: round(v, 3) for k, v in d.items()}
+
+
+def thread_names() -> dict[str, int]:
+    """This process's OS threads by name (/proc/self/task/*/comm), counted: what a counter's `inherit` covers, and
+    which threads a forked worker lacks beside a fresh one."""
+    names: dict[str, int] = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        names[name] = names.get(name, 0) + 1
+    return dict(sorted(names.items()))

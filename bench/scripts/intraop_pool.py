@@ -12,23 +12,11 @@ import os
 import time
 
 import torch
+from hwcount import thread_names  # bench/scripts/hwcount.py, beside this script
 
 
 def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
-
-
-def _thread_names() -> dict[str, int]:
-    """The OS threads by name (/proc/self/task/*/comm): which ones a forked worker lacks."""
-    names: dict[str, int] = {}
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        names[name] = names.get(name, 0) + 1
-    return dict(sorted(names.items()))
 
 
 def _best(x: torch.Tensor, rounds: int = 8) -> float:
@@ -45,14 +33,14 @@ def main() -> None:
     before = _threads()
     pool = _best(x)
     after = _threads()
-    names = _thread_names()
+    names = thread_names()
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     one = _best(x)
     torch.set_num_threads(n)
     if torch.cuda.is_available():  # the GPU host: which threads a CUDA context and its first kernels add
         (torch.ones(8, device="cuda") * 2).sum().item()
-        names_cuda = _thread_names()
+        names_cuda = thread_names()
     else:
         names_cuda = None
     if os.environ.get("RANK", "0") == "0":

@@ -63,13 +63,9 @@ STATUS_KEYS = ("Speculation_Store_Bypass", "SpeculationIndirectBranch", "Seccomp
 def _kernel_state(read) -> dict:
     """The kernel's view of this process: mitigations, limits on it, its mappings and its threads by name."""
     status = dict(line.split(":", 1) for line in read("/proc/self/status").splitlines() if ":" in line)
-    names: dict[str, int] = {}
-    for task in os.listdir("/proc/self/task"):
-        name = read(f"/proc/self/task/{task}/comm").strip()
-        names[name] = names.get(name, 0) + 1
     return {"status": {k: status[k].strip() for k in STATUS_KEYS if k in status},
             "vmas": len(read("/proc/self/maps").splitlines()), "timerslack_ns": read("/proc/self/timerslack_ns").strip(),
-            "thread_names": dict(sorted(names.items()))}
+            "thread_names": hwcount.thread_names()}
 
 
 def _modes() -> dict:

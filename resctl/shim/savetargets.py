@@ -59,7 +59,7 @@ def _guarded(hook: Callable[[Tracker, Patches], None], tracker: Tracker, patches
         hook(tracker, patches)
     except Exception as err:  # noqa: BLE001 - a library resctl does not know: its saves go unseen, the run goes on
         console.line(f"resctl: checkpoints written through {hook.__name__[9:]} are not tracked ({type(err).__name__}: "
-              f"{err}); the report may miss them")
+                     f"{err}); the report may miss them")
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
