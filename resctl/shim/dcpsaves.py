@@ -184,10 +184,10 @@ _LOCK = threading.Lock()
 
 def _once(future: Future[Any], write: Callable[[Future[Any]], None]) -> Callable[[Future[Any]], None]:
     def done(fut: Future[Any]) -> None:
-        with _LOCK:
+        with _LOCK:  # the write too: a `settle` that finds the writer's thread mid-write waits for its event
             if _PENDING.pop(id(fut), None) is None:
                 return  # settled already
-        write(fut)
+            write(fut)
 
     with _LOCK:
         _PENDING[id(future)] = (future, done)
@@ -196,7 +196,8 @@ def _once(future: Future[Any], write: Callable[[Future[Any]], None]) -> Callable
 
 def settle() -> None:
     """Write the `ckpt_persist` of every staged save whose future is done but whose callback has not run yet
-    (the worker ends, or the shim is undone): once each, whoever comes first."""
+    (the worker ends, or the shim is undone): once each, whoever comes first; one the writer's thread is writing
+    is written when this returns (both write under `_LOCK`)."""
     with _LOCK:
         ready = [(fut, done) for fut, done in _PENDING.values() if fut.done()]
     for fut, done in ready:

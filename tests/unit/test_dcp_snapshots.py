@@ -140,6 +140,43 @@ def test_a_durable_async_save_is_recorded_even_when_the_worker_ends_before_its_c
     assert [(e["kind"], e["step"]) for e in read_run(run) if e["kind"] == "ckpt_persist"] == [("ckpt_persist", 7)]
 
 
+def test_a_worker_that_ends_while_the_callback_writes_waits_for_its_event(tmp_path: Path) -> None:
+    """The other order (CI beside two CPU burners, 2026-12-08): the writer's thread had taken the save off the pending
+    list and was writing its `ckpt_persist` when the worker ended; `settle` found nothing pending and returned, so the
+    end came before the event. `settle` now returns only once that write is done."""
+    import threading
+
+    from resctl.shim import dcpsaves
+    from resctl.telemetry.events import EventLog
+
+    class HeldLog(EventLog):
+        """Holds the writer's thread inside its `ckpt_persist` until released."""
+        inside, release = threading.Event(), threading.Event()
+
+        def emit(self, kind: str, **fields: Any) -> None:
+            if kind == "ckpt_persist":
+                self.inside.set()
+                self.release.wait(30)
+            super().emit(kind, **fields)
+
+    run = tmp_path / "run"
+    events = HeldLog(run, 0, 0)
+    future: Future[None] = Future()
+    (tmp_path / "ck").mkdir()
+    dcpsaves.staged(events, str(tmp_path / "ck"), 7, time.monotonic(), future)
+    writer = threading.Thread(target=future.set_result, args=(None,))
+    writer.start()
+    assert events.inside.wait(30), "the shim's callback never wrote"
+    settled = threading.Thread(target=dcpsaves.settle)  # the worker's end, while the callback writes
+    settled.start()
+    settled.join(0.5)
+    assert settled.is_alive(), "settle returned while the save's ckpt_persist was still being written"
+    events.release.set()
+    settled.join(30)
+    writer.join(30)
+    assert [(e["kind"], e["step"]) for e in read_run(run) if e["kind"] == "ckpt_persist"] == [("ckpt_persist", 7)]
+
+
 @pytest.mark.parametrize("completed", [True, False])
 def test_an_async_save_whose_future_never_finished_resumes_where_its_metadata_was_written(tmp_path: Path,
                                                                                          completed: bool) -> None:
